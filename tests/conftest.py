@@ -1,0 +1,37 @@
+"""Shared test setup.
+
+Triton kernels run on the CPU through Triton's interpreter when no GPU is present;
+the variable must be set before the first `import triton`, so it is set here.
+The real checkpoints and audio live in ``../shared`` (never copied into the repo);
+``ASR_SHARED_DIR`` points elsewhere if needed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DIR = Path(os.environ.get("ASR_SHARED_DIR", REPO_ROOT.parent / "shared")).resolve()
+MODELS_DIR = SHARED_DIR / "models"
+AUDIO_DIR = SHARED_DIR / "audio"
+TINY_EN_DIR = MODELS_DIR / "whisper-tiny.en"
+DISTIL_DRAFT_DIR = MODELS_DIR / "distil-tiny.en-draft"
+JFK_FLAC = AUDIO_DIR / "jfk" / "jfk.flac"
+LIBRISPEECH_DIR = AUDIO_DIR / "librispeech"
+LJSPEECH_DIR = AUDIO_DIR / "ljspeech"
+TEST_OTHER_DIR = AUDIO_DIR / "librispeech-test-other-audio"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not TINY_EN_DIR.is_dir() or not AUDIO_DIR.is_dir():
+        raise pytest.UsageError(
+            f"shared test data not found at {SHARED_DIR}; set ASR_SHARED_DIR to the folder "
+            "holding models/ and audio/"
+        )
