@@ -1,0 +1,129 @@
+"""Transcript writers (txt, srt, vtt, json), each output written atomically.
+
+Atomic means: the text goes to a hidden temporary file in the same folder, is flushed to disk,
+and then `os.replace`d onto the final name, so a reader (or a rerun with --skip-existing)
+never sees a half-written file even if the process is killed mid-write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from asr_app.transcribe import Transcript
+
+FORMATS = ("txt", "srt", "vtt", "json")
+TEMP_PREFIX = ".asr-tmp-"
+
+
+def parse_formats(spec: str | Sequence[str]) -> list[str]:
+    """'txt,srt' / 'all' / ['json'] -> validated list in a stable order."""
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    names = {item.strip().lower() for item in items if item.strip()}
+    if "all" in names:
+        return list(FORMATS)
+    unknown = sorted(names - set(FORMATS))
+    if unknown or not names:
+        raise ValueError(f"unknown output format(s) {unknown or spec!r}; choose from {', '.join(FORMATS)} or all")
+    return [name for name in FORMATS if name in names]
+
+
+def format_timestamp(seconds: float, decimal_marker: str = ",") -> str:
+    """SRT style 'HH:MM:SS,mmm' (VTT uses '.'); hours always shown, both formats accept that."""
+    millis = max(0, int(round(seconds * 1000)))
+    hours, millis = divmod(millis, 3_600_000)
+    minutes, millis = divmod(millis, 60_000)
+    secs, millis = divmod(millis, 1000)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}{decimal_marker}{millis:03d}"
+
+
+def _cues(transcript: Transcript) -> Iterable[tuple[float, float, str]]:
+    for seg in transcript.segments:
+        # Blank lines end a cue in SRT/VTT, so collapse all whitespace in the text.
+        text = " ".join(seg.text.split())
+        if text:
+            yield seg.start, max(seg.end, seg.start + 0.001), text
+
+
+def to_txt(transcript: Transcript) -> str:
+    lines = [" ".join(seg.text.split()) for seg in transcript.segments]
+    return "\n".join(line for line in lines if line) + "\n"
+
+
+def to_srt(transcript: Transcript) -> str:
+    blocks = [f"{i}\n{format_timestamp(start)} --> {format_timestamp(end)}\n{text}\n"
+              for i, (start, end, text) in enumerate(_cues(transcript), start=1)]
+    return "\n".join(blocks)
+
+
+def to_vtt(transcript: Transcript) -> str:
+    blocks = [f"{format_timestamp(start, '.')} --> {format_timestamp(end, '.')}\n{text}\n"
+              for start, end, text in _cues(transcript)]
+    return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+def to_json(transcript: Transcript) -> str:
+    return json.dumps(transcript.to_dict(), indent=2, ensure_ascii=False) + "\n"
+
+
+RENDERERS = {"txt": to_txt, "srt": to_srt, "vtt": to_vtt, "json": to_json}
+
+
+def write_atomic(path: str | Path, text: str) -> Path:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX + path.name + ".", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def output_paths(out_dir: str | Path, stem: str, formats: Sequence[str]) -> list[Path]:
+    return [Path(out_dir) / f"{stem}.{fmt}" for fmt in formats]
+
+
+def write_outputs(transcript: Transcript, out_dir: str | Path, stem: str, formats: Sequence[str]) -> list[Path]:
+    """Render every format first, then write each atomically; returns the written paths.
+
+    JSON is written last, so its presence marks a file whose other formats are complete.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ordered = sorted(formats, key=lambda fmt: fmt == "json")
+    rendered = {fmt: RENDERERS[fmt](transcript) for fmt in ordered}
+    return [write_atomic(out_dir / f"{stem}.{fmt}", text) for fmt, text in rendered.items()]
+
+
+def remove_stale_temps(out_dir: str | Path) -> list[Path]:
+    """Delete temporary files a killed run left behind (they are never valid outputs)."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        return []
+    stale = [p for p in out_dir.rglob(TEMP_PREFIX + "*") if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
+def jsonable(value: Any) -> Any:
+    """Dataclass/NumPy values -> plain JSON types (used by Transcript.to_dict)."""
+    if hasattr(value, "__dataclass_fields__"):
+        return {k: jsonable(getattr(value, k)) for k in value.__dataclass_fields__}
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    return value

@@ -1,0 +1,170 @@
+"""Audio loading and sources on real files (../shared/audio) and deliberately broken ones."""
+
+from __future__ import annotations
+
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+import soundfile as sf
+import soxr
+from conftest import JFK_FLAC, LJSPEECH_DIR
+
+from asr_app.audio import (
+    SAMPLE_RATE,
+    AudioLoadError,
+    FileSource,
+    MicrophoneError,
+    MicrophoneSource,
+    is_audio_path,
+    load_audio,
+    prepare_audio,
+)
+
+LJ_WAV = LJSPEECH_DIR / "wavs" / "LJ001-0002.wav"
+
+
+def test_stereo_44k_flac_is_downmixed_and_resampled():
+    raw, rate = sf.read(str(JFK_FLAC), dtype="float32", always_2d=True)
+    assert rate == 44_100 and raw.shape[1] == 2  # the premise of the test
+    audio = load_audio(JFK_FLAC)
+    assert audio.ndim == 1 and audio.dtype == np.float32
+    assert abs(audio.size - raw.shape[0] * SAMPLE_RATE / rate) <= 2
+    expected = soxr.resample(raw.mean(axis=1), rate, SAMPLE_RATE, quality="HQ")
+    np.testing.assert_allclose(audio, expected, atol=1e-6)
+    assert 0.05 < np.abs(audio).max() <= 1.0
+
+
+def test_22k_wav_is_resampled():
+    info = sf.info(str(LJ_WAV))
+    assert info.samplerate == 22_050
+    audio = load_audio(LJ_WAV)
+    assert audio.dtype == np.float32 and audio.ndim == 1
+    assert abs(audio.size - info.frames * SAMPLE_RATE / 22_050) <= 2
+    assert np.isfinite(audio).all() and audio.std() > 0.01
+
+
+def test_corrupt_flac_names_file_and_reason(tmp_path):
+    data = JFK_FLAC.read_bytes()
+    bad = tmp_path / "broken.flac"
+    bad.write_bytes(data[:200] + bytes(range(256)) * 20)
+    with pytest.raises(AudioLoadError, match=r"broken\.flac: not a readable audio file"):
+        load_audio(bad)
+
+
+def test_truncated_flac_is_an_error(tmp_path):
+    bad = tmp_path / "half.flac"
+    bad.write_bytes(JFK_FLAC.read_bytes()[: JFK_FLAC.stat().st_size // 2])
+    with pytest.raises(AudioLoadError, match=r"half\.flac"):
+        load_audio(bad)
+
+
+def test_empty_file(tmp_path):
+    empty = tmp_path / "empty.wav"
+    empty.write_bytes(b"")
+    with pytest.raises(AudioLoadError, match=r"empty\.wav: file is empty"):
+        load_audio(empty)
+
+
+def test_zero_length_audio(tmp_path):
+    path = tmp_path / "zero.wav"
+    sf.write(str(path), np.zeros(0, dtype=np.float32), 16_000)
+    with pytest.raises(AudioLoadError, match=r"zero\.wav: contains no audio samples"):
+        load_audio(path)
+
+
+def test_non_audio_file(tmp_path):
+    text = tmp_path / "notes.wav"
+    text.write_text("this is a shopping list, not a recording\n" * 20)
+    with pytest.raises(AudioLoadError, match=r"notes\.wav: not a readable audio file.*Format not recognised"):
+        load_audio(text)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(AudioLoadError, match="file not found"):
+        load_audio(tmp_path / "nope.flac")
+
+
+def test_nan_samples_in_file(tmp_path):
+    path = tmp_path / "nan.wav"
+    samples = np.full(1600, 0.1, dtype=np.float32)
+    samples[100:110] = np.nan
+    samples[500] = np.inf
+    sf.write(str(path), samples, 16_000, subtype="FLOAT")
+    with pytest.raises(AudioLoadError, match=r"nan\.wav: 11 samples are NaN or infinite"):
+        load_audio(path)
+
+
+def test_prepare_int16_browser_chunk_scales_by_full_range():
+    # A quiet 48 kHz stereo int16 chunk: must stay quiet (never normalised by its own max).
+    t = np.arange(4800) / 48_000
+    tone = (300 * np.sin(2 * np.pi * 440 * t)).astype(np.int16)
+    chunk = np.stack([tone, tone], axis=1)
+    out = prepare_audio(chunk, 48_000)
+    assert out.dtype == np.float32 and out.ndim == 1
+    assert abs(out.size - 1600) <= 1
+    assert 0.8 * 300 / 32768 < np.abs(out).max() < 1.2 * 300 / 32768
+
+
+def test_prepare_silent_int16_chunk_is_zero_not_nan():
+    out = prepare_audio(np.zeros((2400, 2), dtype=np.int16), 48_000)
+    assert out.size == 800 and np.all(out == 0)
+
+
+def test_prepare_channels_first_and_empty():
+    left = np.linspace(-0.5, 0.5, 1600, dtype=np.float32)
+    out = prepare_audio(np.stack([left, -left]), SAMPLE_RATE)  # (2, N): mean is zero
+    assert out.shape == (1600,) and np.allclose(out, 0)
+    assert prepare_audio(np.zeros(0, dtype=np.int16), 48_000).size == 0
+    with pytest.raises(AudioLoadError, match="NaN"):
+        prepare_audio(np.array([0.0, np.nan], dtype=np.float32), SAMPLE_RATE)
+
+
+def test_audio_extensions():
+    assert is_audio_path("a/B.FLAC") and is_audio_path("x.mp3") and not is_audio_path("notes.txt")
+
+
+def test_file_source_fast_yields_the_whole_file_in_blocks():
+    source = FileSource(JFK_FLAC, block_s=0.25, realtime=False)
+    blocks = list(source)
+    assert all(b.dtype == np.float32 for b in blocks)
+    assert {b.size for b in blocks[:-1]} == {4000}
+    np.testing.assert_array_equal(np.concatenate(blocks), load_audio(JFK_FLAC))
+
+
+def test_file_source_realtime_paces_and_drains_when_late():
+    audio = np.random.default_rng(0).normal(0, 0.1, SAMPLE_RATE).astype(np.float32)  # 1 s
+    source = FileSource(audio, block_s=0.1, realtime=True, speed=4.0)  # 1 s of audio in >= 0.25 s
+    start = time.monotonic()
+    sizes = []
+    for i, block in enumerate(source):
+        sizes.append(block.size)
+        if i == 0:
+            time.sleep(0.15)  # a slow consumer: the next yield must hand over everything recorded
+    assert time.monotonic() - start >= 0.25 - 1e-3  # blocks are never early
+    assert sum(sizes) == SAMPLE_RATE
+    assert max(sizes[1:]) > 1600  # the backlog came as one larger block, not as a queue of small ones
+
+
+def test_microphone_without_portaudio_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "sounddevice", None)  # import fails as when the library is absent
+    with pytest.raises(MicrophoneError, match="microphone unavailable.*--simulate FILE"):
+        MicrophoneSource()
+
+
+def test_microphone_without_input_device_is_a_clear_error(monkeypatch):
+    fake = types.ModuleType("sounddevice")
+
+    class PortAudioError(Exception):
+        pass
+
+    def query_devices(device=None, kind=None):
+        raise PortAudioError("Error querying device -1")
+
+    fake.PortAudioError = PortAudioError
+    fake.query_devices = query_devices
+    monkeypatch.setitem(sys.modules, "sounddevice", fake)
+    with pytest.raises(MicrophoneError, match="no usable input device"):
+        MicrophoneSource()
