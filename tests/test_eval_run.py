@@ -1,0 +1,149 @@
+"""asr-eval end to end on the shared LibriSpeech clips with the real tiny.en and its distilled draft."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import jiwer
+import pytest
+import torch
+from conftest import DISTIL_DRAFT_DIR, LIBRISPEECH_DIR, TINY_EN_DIR
+
+from asr_app.eval.cli import main
+from asr_app.eval.datasets import load_dataset
+from asr_app.eval.runner import mode_specs, run_evaluation
+from asr_app.eval.wer import english_normalizer, spelling_map_from_dir
+
+MODEL_ARGS = ["--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR), "--device", "cpu", "--dtype", "float32"]
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+    from asr_app.models import load_pair
+
+    pair = load_pair(target=str(TINY_EN_DIR), draft=str(DISTIL_DRAFT_DIR), device="cpu", dtype=torch.float32)
+    return SpeculativeDecoder(pair, DecodingOptions(temperature=0.0, seed=0))
+
+
+@pytest.fixture(scope="module")
+def normalizer():
+    return english_normalizer(spelling_map_from_dir(TINY_EN_DIR))
+
+
+def test_two_mode_sampling_run_writes_all_outputs(tmp_path, capsys):
+    out = tmp_path / "eval"
+    rc = main(["--dataset", "librispeech", "--data-dir", str(LIBRISPEECH_DIR), "--modes", "baseline,sigmoid",
+               "--sweep-scale", "1e4", "--max-samples", "2", "--temperature", "1.0", "--seed", "0",
+               "--output-dir", str(out), "--no-progress", *MODEL_ARGS])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "WER baseline" in printed and "Δ% profiling time sigmoid" in printed
+
+    lines = (out / "utterances.jsonl").read_text().splitlines()
+    records = [json.loads(x) for x in lines]
+    assert [r["id"] for r in records] == ["1089-134686-0000", "1089-134686-0001"]
+    labels = ["baseline", "sigmoid", "sigmoid@1e4"]
+    for r in records:
+        assert r["error"] is None and r["duration_s"] > 1.0
+        assert sorted(r["runs"]) == sorted(labels)
+        for run in r["runs"].values():
+            assert run["hypothesis"].strip() and run["tokens"] and run["seconds"] > 0
+            # Every verification step the decoder reported was seen by the profiler, and only those.
+            assert run["verify_profiled_calls"] == len(run["verify_steps"]) > 0
+            assert run["verify_profiled_s"] > 0
+            assert run["stats"]["drafted"] >= run["stats"]["accepted"] >= 0
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["modes"] == labels and summary["utterances_evaluated"] == 2
+    assert summary["temperature"] == 1.0 and summary["spelling_map"] is True
+    for label in labels:
+        s = summary["summaries"][label]
+        # The tool's corpus WER equals jiwer's on the normalised strings it wrote out.
+        refs = [r["reference_normalized"] for r in records]
+        hyps = [r["runs"][label]["hypothesis_normalized"] for r in records]
+        assert refs[0] == english_normalizer(spelling_map_from_dir(TINY_EN_DIR))(records[0]["reference"])
+        assert s["wer"]["wer"] == pytest.approx(jiwer.wer(refs, hyps), abs=1e-12)
+        assert 0 <= s["acceptance_rate"] <= 1 and s["latency_p90_s"] >= s["latency_p50_s"] > 0
+        assert s["verify_profiled_s"] == pytest.approx(sum(r["runs"][label]["verify_profiled_s"] for r in records))
+        assert s["peak_memory_bytes"] > 0
+    base = summary["summaries"]["baseline"]["verify_profiled_s"]
+    sig = summary["summaries"]["sigmoid"]["verify_profiled_s"]
+    assert summary["summaries"]["sigmoid"]["verify_delta_pct"] == pytest.approx((sig - base) / base * 100)
+    assert summary["summaries"]["baseline"]["verify_delta_pct"] == pytest.approx(0.0)
+
+    report = (out / "report.md").read_text()
+    assert "## Table 1 (paper shape)" in report and "Sigmoid scale sweep" in report
+    assert "LibriSpeech test-clean (2 utt.)" in report
+    for png in ("wer_vs_latency.png", "verify_time_vs_gamma.png", "acceptance_histogram.png"):
+        data = (out / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+        assert f"]({png})" in report
+
+
+def test_greedy_gives_identical_hypotheses_across_modes(decoder, normalizer):
+    utts = load_dataset("librispeech", LIBRISPEECH_DIR, max_samples=2)
+    specs = mode_specs(decoder.options, ["off", "baseline", "exact", "sigmoid"])
+    run = run_evaluation(decoder, utts, specs, normalizer, warmup=0, profile="off", progress=False)
+    for record in run.records:
+        texts = {label: m.hypothesis for label, m in record.runs.items()}
+        tokens = {label: m.tokens for label, m in record.runs.items()}
+        assert len(set(texts.values())) == 1, texts
+        assert all(t == tokens["off"] for t in tokens.values())
+    by = {s.label: s for s in run.summaries}
+    assert [by[m].equal_to_baseline for m in ("off", "exact", "sigmoid")] == [1.0, 1.0, 1.0]
+    assert len({by[m].wer.wer for m in by}) == 1
+    # tiny.en reads these two clips nearly perfectly; a broken pipeline would not.
+    assert by["baseline"].wer.wer < 0.15
+
+
+def test_corrupt_audio_and_empty_reference_are_reported(tmp_path, capsys):
+    data = tmp_path / "LibriSpeech" / "test-clean"
+    shutil.copytree(LIBRISPEECH_DIR / "LibriSpeech" / "test-clean", data)
+    corrupt = data / "1089" / "134686" / "1089-134686-0001.flac"
+    corrupt.write_bytes(b"fLaC" + b"\x00garbage" * 50)
+    trans = data / "1089" / "134691" / "1089-134691.trans.txt"
+    trans.write_text("1089-134691-0000\n1089-134691-0001 FOR A FULL HOUR HE HAD PACED UP AND DOWN\n")
+    out = tmp_path / "out"
+    rc = main(["--data-dir", str(tmp_path), "--modes", "baseline", "--temperature", "0", "--max-samples", "3",
+               "--profile", "off", "--warmup", "0", "--output-dir", str(out), "--no-progress", *MODEL_ARGS])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["utterances_total"] == 3 and summary["utterances_excluded"] == 1
+    assert summary["utterances_evaluated"] == 2
+    [excluded] = summary["excluded"]
+    assert excluded["id"] == "1089-134686-0001" and str(corrupt) in excluded["reason"]
+    assert summary["empty_references"] == ["1089-134691-0000"]
+    records = {json.loads(x)["id"]: json.loads(x) for x in (out / "utterances.jsonl").read_text().splitlines()}
+    assert records["1089-134686-0001"]["runs"] == {}
+    empty_hyp_words = len(records["1089-134691-0000"]["runs"]["baseline"]["hypothesis_normalized"].split())
+    assert empty_hyp_words > 0  # the clip has speech: its words count as insertions
+    wer = summary["summaries"]["baseline"]["wer"]
+    assert wer["empty_references"] == 1 and wer["utterances"] == 2
+    assert wer["reference_words"] == len(records["1089-134686-0000"]["reference_normalized"].split())
+    assert wer["insertions"] >= empty_hyp_words
+    report = (out / "report.md").read_text()
+    assert "## Excluded utterances" in report and "1089-134686-0001" in report
+    assert "1 utterance(s) excluded" in capsys.readouterr().out
+
+
+def test_missing_data_dir_is_a_clear_cli_error(tmp_path, capsys):
+    rc = main(["--data-dir", str(tmp_path / "none"), "--output-dir", str(tmp_path / "o"), *MODEL_ARGS])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "asr-eval: error:" in err and str(tmp_path / "none") in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_unknown_mode_is_rejected(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--modes", "baseline,fast", "--data-dir", str(LIBRISPEECH_DIR), *MODEL_ARGS])
+    assert exc.value.code == 2 and "fast" in capsys.readouterr().err
+
+
+def test_sweep_specs_add_baseline_and_scale_labels(decoder):
+    specs = mode_specs(decoder.options, ["sigmoid"], [1e1, 1e5])
+    assert [s.label for s in specs] == ["baseline", "sigmoid", "sigmoid@1e1", "sigmoid@1e5"]
+    assert (specs[3].options.mode, specs[3].options.alpha, specs[3].options.beta) == ("sigmoid", -1e5, 1e5)
+    assert all(not s.options.profile_verify for s in specs)
