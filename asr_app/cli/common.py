@@ -1,0 +1,72 @@
+"""Model and decoding arguments shared by asr-transcribe, asr-stream, asr-eval and app.py."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from asr_app.decoding import MODES, DecodingOptions, SpeculativeDecoder
+from asr_app.models import PRESETS, ModelLoadError, load_pair
+
+log = logging.getLogger(__name__)
+
+
+def parse_gamma(value: str) -> int | None:
+    """`heuristic` (transformers' schedule: start 5, +2 / -1) or a fixed number of drafts per step."""
+    if value.lower() in ("heuristic", "auto"):
+        return None
+    try:
+        gamma = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gamma must be 'heuristic' or an integer >= 1, got '{value}'") from None
+    if gamma < 1:
+        raise argparse.ArgumentTypeError(f"--gamma must be >= 1, got {gamma}")
+    return gamma
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    group = parser.add_argument_group("model and decoding")
+    group.add_argument("--pair", choices=sorted(PRESETS), default=None,
+                       help="target/draft preset (default: large-v3 when available on CUDA, else the offline tiny.en)")
+    group.add_argument("--target", default=None, help="target Whisper model: hub id or local directory")
+    group.add_argument("--draft", default="auto",
+                       help="draft model: hub id or local directory, 'none' (target only), 'derived' (decoder "
+                            "layers of the target), or 'auto' (the preset's draft; default)")
+    group.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
+    group.add_argument("--dtype", default="auto", help="auto (fp16 on CUDA, fp32 on CPU) | float16 | bfloat16 | float32")
+    group.add_argument("--mode", choices=MODES, default="exact",
+                       help="off: target only; hf: transformers' assisted generation; baseline/exact/sigmoid: our "
+                            "loop with the PyTorch reference / exact / sigmoid verification (default: exact)")
+    group.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    group.add_argument("--gamma", type=parse_gamma, default=None,
+                       help="drafts per step: 'heuristic' (default) or a fixed integer")
+    group.add_argument("--alpha", type=float, default=-1e3, help="sigmoid mode: lower logit bound (default -1e3)")
+    group.add_argument("--beta", type=float, default=1e3, help="sigmoid mode: upper logit bound (default 1e3)")
+    group.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
+    return parser
+
+
+def options_from_args(args: argparse.Namespace, **overrides) -> DecodingOptions:
+    fields = dict(mode=args.mode, temperature=args.temperature, gamma=args.gamma, alpha=args.alpha,
+                  beta=args.beta, seed=args.seed)
+    fields.update(overrides)
+    try:
+        return DecodingOptions(**fields)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+def decoder_from_args(args: argparse.Namespace) -> SpeculativeDecoder:
+    """Load the pair named by the arguments and build a decoder; bad input exits with a clear message."""
+    options = options_from_args(args)
+    draft = args.draft
+    if options.mode == "off" and draft == "auto":
+        draft = None  # target-only decoding: do not load a draft nobody will run
+    try:
+        pair = load_pair(pair=args.pair, target=args.target, draft=draft, device=args.device, dtype=args.dtype)
+    except ModelLoadError as err:
+        raise SystemExit(f"error: {err}") from None
+    if pair.draft is None and options.mode != "off":
+        log.warning("no draft model for '%s': decoding with the target only (mode off)", pair.target_name)
+        options = options_from_args(args, mode="off")
+    return SpeculativeDecoder(pair, options)

@@ -1,0 +1,84 @@
+"""Mode `hf`: transformers' own assisted generation, the anchor our loop is measured against.
+
+Batch-1 only in transformers, so the caller loops over rows. The assistant's schedule is set to the
+heuristic starting at 5 (transformers' defaults are 20/constant with a 0.4 confidence stop), the same
+gamma policy as our loop, and restored afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from asr_app.decoding.options import DecodingOptions, DecodingStats
+from asr_app.decoding.prompt import Prompt
+
+
+@contextmanager
+def _assistant_schedule(draft, gamma: int | None):
+    gc = draft.generation_config
+    saved = (gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold)
+    gc.num_assistant_tokens = gamma if gamma is not None else 5
+    gc.num_assistant_tokens_schedule = "constant" if gamma is not None else "heuristic"
+    gc.assistant_confidence_threshold = 0.0
+    try:
+        yield
+    finally:
+        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = saved
+
+
+class _CallCounter:
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.calls = 0
+        self.handle = module.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_args) -> None:
+        self.calls += 1
+
+
+def decode_hf(target, draft, features: torch.Tensor, prompt: Prompt, opts: DecodingOptions,
+              multilingual: bool, shared_encoder: bool) -> tuple[list[int], DecodingStats]:
+    """Tokens after the prompt (EOS included when generated) and stats for one row."""
+    stats = DecodingStats(mode="hf", shared_encoder=shared_encoder)
+    kwargs: dict = dict(
+        input_features=features,
+        assistant_model=draft,
+        num_beams=1,
+        max_new_tokens=opts.max_new_tokens,
+        return_timestamps=opts.timestamps,
+    )
+    if opts.temperature > 0:
+        kwargs.update(do_sample=True, temperature=opts.temperature, top_k=0, top_p=1.0)
+        torch.manual_seed(opts.seed)
+    else:
+        kwargs.update(do_sample=False)
+    if multilingual:
+        kwargs.update(language=opts.language, task=opts.task)
+    if prompt.sot_index > 0:
+        kwargs["prompt_ids"] = torch.tensor(prompt.tokens[: prompt.sot_index], device=features.device)
+    # Count decoder forward calls to derive steps/acceptance (hf exposes no statistics of its own).
+    t_dec, d_dec = target.get_decoder(), draft.get_decoder()
+    counters = [_CallCounter(t_dec)] + ([_CallCounter(d_dec)] if d_dec is not t_dec else [])
+    t0 = time.perf_counter()
+    try:
+        with _assistant_schedule(draft, opts.gamma), torch.inference_mode():
+            out = target.generate(**kwargs)
+    finally:
+        for c in counters:
+            c.handle.remove()
+    stats.total_s = time.perf_counter() - t0
+    ids = out.sequences if hasattr(out, "sequences") else out
+    tokens = [int(t) for t in ids[0].tolist()]
+    # generate() returns what follows the prompt; drop any echoed prompt/special prefix
+    if prompt.sot_index > 0 and tokens[: len(prompt.tokens)] == list(prompt.tokens):
+        tokens = tokens[len(prompt.tokens):]
+    stats.tokens_out = len(tokens)
+    if len(counters) == 2:
+        stats.target_calls = counters[0].calls
+        stats.draft_calls = counters[1].calls
+        stats.drafted = counters[1].calls
+        stats.accepted = max(0, len(tokens) - stats.target_calls)
+    stats.finalise()
+    return tokens, stats

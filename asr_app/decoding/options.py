@@ -1,0 +1,80 @@
+"""Options in, results out (openai/whisper decoding.py style): plain data, no behaviour."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+DecodingMode = Literal["off", "hf", "baseline", "exact", "sigmoid"]
+MODES: tuple[str, ...] = ("off", "hf", "baseline", "exact", "sigmoid")
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    mode: DecodingMode = "exact"
+    temperature: float = 0.0  # 0 = greedy for every mode
+    gamma: int | None = None  # None = transformers' heuristic (start 5, +2 / -1, min 1)
+    alpha: float = -1e3
+    beta: float = 1e3
+    seed: int = 0
+    max_new_tokens: int = 224  # generated tokens, the closing <|endoftext|> included (as in generate())
+    timestamps: bool = False
+    language: str | None = "en"
+    task: str = "transcribe"
+    profile_verify: bool = False  # time the verification step (adds syncs; off in production)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown decoding mode '{self.mode}'; choose one of {', '.join(MODES)}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.gamma is not None and self.gamma < 1:
+            raise ValueError(f"gamma must be >= 1 (or None for the heuristic), got {self.gamma}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.task not in ("transcribe", "translate"):
+            raise ValueError(f"task must be 'transcribe' or 'translate', got '{self.task}'")
+        if self.mode == "sigmoid" and not self.beta > self.alpha:
+            raise ValueError(f"sigmoid mode needs beta > alpha, got alpha={self.alpha}, beta={self.beta}")
+
+
+@dataclass
+class Segment:
+    start: float  # seconds, relative to the decoded window's start
+    end: float
+    text: str
+    tokens: list[int]
+
+
+@dataclass
+class DecodingStats:
+    mode: str
+    shared_encoder: bool
+    tokens_out: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    acceptance_rate: float = 0.0
+    mean_accepted_per_step: float = 0.0
+    encoder_s: float = 0.0
+    draft_s: float = 0.0
+    target_s: float = 0.0
+    verify_s: float = 0.0
+    total_s: float = 0.0
+    verify_steps: list[tuple[int, float]] = field(default_factory=list)
+
+    def finalise(self) -> None:
+        self.acceptance_rate = self.accepted / self.drafted if self.drafted else 0.0
+        steps = self.target_calls
+        self.mean_accepted_per_step = self.accepted / steps if steps else 0.0
+
+
+@dataclass
+class DecodingResult:
+    tokens: list[int]  # generated ids after the prompt, timestamps included, no EOS
+    text: str  # decoded text without special tokens
+    segments: list[Segment]  # one per timestamp pair; one whole-window segment without timestamps
+    no_speech_prob: float  # target's P(<|nospeech|>) at the first position
+    avg_logprob: float  # mean target log-prob of the emitted tokens (EOS included)
+    stats: DecodingStats

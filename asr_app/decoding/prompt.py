@@ -1,0 +1,38 @@
+"""Whisper's decoder prompt: [<|startofprev|> previous text] <|startoftranscript|> [lang] [task] [<|notimestamps|>]."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Prompt:
+    tokens: tuple[int, ...]
+    sot_index: int  # position of <|startoftranscript|>; its logits give no_speech_prob
+
+
+def build_prompt(generation_config, tokenizer, *, language: str | None, task: str, timestamps: bool,
+                 previous_text: str | None, max_target_positions: int) -> Prompt:
+    gc = generation_config
+    sot = [gc.decoder_start_token_id]
+    if getattr(gc, "is_multilingual", False):
+        if language is None:
+            raise ValueError("language detection is not supported: pass a language (e.g. 'en') for this model")
+        lang_to_id = gc.lang_to_id
+        key = language if language.startswith("<|") else f"<|{language}|>"
+        if key not in lang_to_id:
+            raise ValueError(f"unknown language '{language}' for this model")
+        sot += [lang_to_id[key], gc.task_to_id[task]]
+    else:
+        if language not in (None, "en", "english"):
+            raise ValueError(f"this is an English-only model; language '{language}' is not available")
+        if task != "transcribe":
+            raise ValueError("this is an English-only model; it cannot translate")
+    if not timestamps:
+        sot.append(gc.no_timestamps_token_id)
+    prev: list[int] = []
+    if previous_text and previous_text.strip():
+        ids = tokenizer(" " + previous_text.strip(), add_special_tokens=False)["input_ids"]
+        # openai/whisper keeps at most the last n_ctx // 2 - 1 prompt tokens
+        prev = [gc.prev_sot_token_id, *ids[-(max_target_positions // 2 - 1):]]
+    return Prompt(tokens=tuple(prev + sot), sot_index=len(prev))

@@ -1,0 +1,176 @@
+"""Whisper's logit rules as small classes (openai/whisper decoding.py style), vectorised over positions.
+
+The decoding loop scores several positions per step (the target checks gamma drafts at once), and each
+position must see the rules for *its* prefix: the history plus the drafts before it. Rules therefore
+work on logits of shape [B, L, V] together with a `RuleState` per position, and nothing here reads
+values back to the host (the timestamp state lives in small device tensors), so the loop stays free
+of syncs. The semantics follow transformers' `SuppressTokensAtBeginLogitsProcessor`,
+`SuppressTokensLogitsProcessor` and `WhisperTimeStampLogitsProcessor`, applied in that order, so
+greedy output matches `generate()` token for token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class RuleState:
+    """What the rules need to know about a row's generated tokens (prompt excluded).
+
+    `generated` is the same for every row (rows of a batch advance together). The timestamp fields
+    are [B] device tensors, or [B, L] when describing L consecutive positions.
+    """
+
+    generated: int
+    last_is_ts: torch.Tensor  # bool: last generated token was a timestamp
+    penult_is_ts: torch.Tensor  # bool: second-to-last was a timestamp (True while fewer than 2 tokens)
+    last_ts: torch.Tensor  # int64: latest timestamp token generated, -1 if none
+
+    @classmethod
+    def initial(cls, batch: int, device: torch.device) -> RuleState:
+        return cls(
+            generated=0,
+            last_is_ts=torch.zeros(batch, dtype=torch.bool, device=device),
+            penult_is_ts=torch.ones(batch, dtype=torch.bool, device=device),
+            last_ts=torch.full((batch,), -1, dtype=torch.long, device=device),
+        )
+
+    def advance(self, token: torch.Tensor, timestamp_begin: int) -> RuleState:
+        """The state after appending `token` [B] to every row."""
+        is_ts = token >= timestamp_begin
+        penult = self.last_is_ts if self.generated >= 1 else torch.ones_like(self.last_is_ts)
+        return RuleState(
+            generated=self.generated + 1,
+            last_is_ts=is_ts,
+            penult_is_ts=penult,
+            last_ts=torch.where(is_ts, token, self.last_ts),
+        )
+
+    def select(self, rows: torch.Tensor) -> RuleState:
+        return RuleState(self.generated, self.last_is_ts[rows], self.penult_is_ts[rows], self.last_ts[rows])
+
+
+class SuppressBlankAtBegin:
+    """`begin_suppress_tokens` (blank, EOS) may not be the first generated token."""
+
+    def __init__(self, tokens: list[int], vocab: int, device: torch.device) -> None:
+        self.mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+        self.mask[torch.tensor(tokens, dtype=torch.long)] = True
+
+    def apply(self, logits: torch.Tensor, first_generated: int) -> torch.Tensor:
+        if first_generated != 0:  # only position 0 of the very first step is affected
+            return logits
+        head = logits[:, :1].masked_fill(self.mask, NEG_INF)
+        return torch.cat([head, logits[:, 1:]], dim=1)
+
+
+class SuppressTokens:
+    """Tokens the model may never emit (`suppress_tokens` of the generation config)."""
+
+    def __init__(self, tokens: list[int], vocab: int, device: torch.device) -> None:
+        self.mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+        self.mask[torch.tensor(tokens, dtype=torch.long)] = True
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.masked_fill(self.mask, NEG_INF)
+
+
+class ApplyTimestampRules:
+    """Timestamps come in pairs, never decrease, start within `max_initial` steps of 0.00, and win when
+    their total probability beats every single text token."""
+
+    def __init__(self, no_timestamps: int, eos: int, max_initial: int | None, vocab: int, device) -> None:
+        self.no_timestamps = no_timestamps
+        self.timestamp_begin = no_timestamps + 1
+        self.eos = eos
+        self.max_initial = max_initial
+        ids = torch.arange(vocab, device=device)
+        self.ids = ids
+        self.is_ts = ids >= self.timestamp_begin
+        self.is_text = ids < eos  # text tokens; EOS and specials stay allowed after a lone timestamp
+        self.before_ts = ids < self.timestamp_begin
+
+    def apply(self, logits: torch.Tensor, states: RuleState) -> torch.Tensor:
+        """`logits` [B, L, V]; `states` fields [B, L] (the state before each position)."""
+        last, penult = states.last_is_ts[..., None], states.penult_is_ts[..., None]
+        has_ts = states.last_ts >= 0
+        pair_open = states.last_is_ts & ~states.penult_is_ts
+        floor = torch.where(
+            has_ts,
+            torch.where(pair_open, states.last_ts, states.last_ts + 1),
+            torch.full_like(states.last_ts, self.timestamp_begin),
+        )[..., None]
+        mask = (self.ids == self.no_timestamps) | (last & penult & self.is_ts) | (last & ~penult & self.is_text)
+        mask = mask | (self.is_ts & (self.ids < floor))
+        out = logits.masked_fill(mask, NEG_INF)
+        if states.generated == 0:  # first generated token: must be a timestamp, and an early one
+            first = self.before_ts.clone()
+            if self.max_initial is not None:
+                first |= self.ids > self.timestamp_begin + self.max_initial
+            out = torch.cat([out[:, :1].masked_fill(first, NEG_INF), out[:, 1:]], dim=1)
+        logprobs = torch.log_softmax(out.float(), dim=-1)
+        ts_mass = logprobs[..., self.timestamp_begin :].logsumexp(dim=-1)
+        best_text = logprobs[..., : self.timestamp_begin].max(dim=-1).values
+        force_ts = (ts_mass > best_text)[..., None]
+        return out.masked_fill(force_ts & self.before_ts, NEG_INF)
+
+
+class WhisperLogitRules:
+    """All of Whisper's rules for one decoding run, applied to one or several consecutive positions."""
+
+    def __init__(self, generation_config, vocab: int, device: torch.device, timestamps: bool) -> None:
+        gc = generation_config
+        eos = gc.eos_token_id if isinstance(gc.eos_token_id, int) else gc.eos_token_id[0]
+        self.begin = SuppressBlankAtBegin(list(gc.begin_suppress_tokens or []), vocab, device)
+        self.suppress = SuppressTokens(list(gc.suppress_tokens or []), vocab, device)
+        self.timestamp = (
+            ApplyTimestampRules(
+                gc.no_timestamps_token_id, eos, getattr(gc, "max_initial_timestamp_index", None), vocab, device
+            )
+            if timestamps
+            else None
+        )
+        self.timestamp_begin = gc.no_timestamps_token_id + 1
+
+    @property
+    def stateful(self) -> bool:
+        return self.timestamp is not None
+
+    def states_along(self, state: RuleState, tokens: torch.Tensor) -> RuleState:
+        """States before each of L = tokens.shape[1] + 1 positions: `state`, then advanced by each token."""
+        states = [state]
+        if self.stateful:
+            for j in range(tokens.shape[1]):
+                states.append(states[-1].advance(tokens[:, j], self.timestamp_begin))
+        else:
+            return RuleState(state.generated, state.last_is_ts, state.penult_is_ts, state.last_ts)
+        return RuleState(
+            state.generated,
+            torch.stack([s.last_is_ts for s in states], dim=1),
+            torch.stack([s.penult_is_ts for s in states], dim=1),
+            torch.stack([s.last_ts for s in states], dim=1),
+        )
+
+    def apply(self, logits: torch.Tensor, state: RuleState, drafts: torch.Tensor | None = None) -> torch.Tensor:
+        """Process logits [B, L, V] for L consecutive positions; position j's prefix ends with drafts[:, :j]."""
+        out = self.begin.apply(logits, state.generated)
+        out = self.suppress.apply(out)
+        if self.timestamp is not None:
+            if drafts is None:
+                drafts = torch.empty(logits.shape[0], 0, dtype=torch.long, device=logits.device)
+            assert drafts.shape[1] == logits.shape[1] - 1, "one draft token between consecutive positions"
+            out = self.timestamp.apply(out, self.states_along(state, drafts))
+        return out
+
+    def advance(self, state: RuleState, tokens: torch.Tensor) -> RuleState:
+        """State after appending tokens [B, n] (device ops only; the generated count is kept on the host)."""
+        if not self.stateful:
+            return RuleState(state.generated + tokens.shape[1], state.last_is_ts, state.penult_is_ts, state.last_ts)
+        for j in range(tokens.shape[1]):
+            state = state.advance(tokens[:, j], self.timestamp_begin)
+        return state
