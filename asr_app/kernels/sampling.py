@@ -1,0 +1,103 @@
+"""The corrected/bonus token draw shared by modes exact and sigmoid (Triton side).
+
+Both modes end the same way: one row per batch entry (target row n, and draft row n after a
+rejection) defines weights ``a(x) = max(0, p(x) - q(x))`` (rejection) or ``a(x) = p(x)`` (all
+accepted); one token is drawn by inverse CDF with the row's uniform ``u``: the first x whose
+cumulative weight exceeds ``u * sum(a)``. The accept kernel of each mode has already summed the
+weights per vocabulary split (float64); ``finalize_sample_kernel`` finds the split holding the
+threshold and rescans only that split. PyTorch reference: ``common.inverse_cdf_sample``.
+"""
+
+from __future__ import annotations
+
+from .triton_support import tl, triton, write_tokens
+
+
+@triton.jit
+def row_weights(t_row, d_row, idx, vocab, rejected, inv_temperature, lse_t, lse_d, alpha, inv_width,
+                SIGMOID: tl.constexpr):
+    """p and max(0, p - q) over one tile of the sampling row (q = 0 unless the row was rejected).
+
+    exact: p = exp(z_p - lse_p); sigmoid: p_hat = sigmoid((z_p - alpha) / (beta - alpha)).
+    -inf logits give weight 0 in both modes.
+    """
+    d_limit = tl.where(rejected, vocab, 0)  # the draft row is read only after a rejection
+    zt = tl.load(t_row + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * inv_temperature
+    zd = tl.load(d_row + idx, mask=idx < d_limit, other=float("-inf")).to(tl.float32) * inv_temperature
+    if SIGMOID:
+        p = tl.sigmoid((zt - alpha) * inv_width)
+        q = tl.sigmoid((zd - alpha) * inv_width)
+    else:
+        p = tl.exp(zt - lse_t)
+        q = tl.exp(zd - lse_d)
+    return p, tl.maximum(p - q, 0.0)
+
+
+@triton.jit
+def split_masses(t_row, d_row, split, vocab, rejected, inv_temperature, lse_t, lse_d, alpha, inv_width,
+                 BLOCK_V: tl.constexpr, TILES: tl.constexpr, SIGMOID: tl.constexpr):
+    """float64 sums of the residual and of p over this program's split of the vocabulary."""
+    offs = tl.arange(0, BLOCK_V)
+    resid_mass = tl.zeros([], dtype=tl.float64)
+    p_mass = tl.zeros([], dtype=tl.float64)
+    for i in tl.static_range(TILES):
+        idx = (split * TILES + i) * BLOCK_V + offs
+        p, resid = row_weights(t_row, d_row, idx, vocab, rejected, inv_temperature, lse_t, lse_d,
+                               alpha, inv_width, SIGMOID)
+        resid_mass += tl.sum(resid.to(tl.float64), axis=0)
+        p_mass += tl.sum(p.to(tl.float64), axis=0)
+    return resid_mass, p_mass
+
+
+@triton.jit
+def finalize_sample_kernel(
+    target_ptr, draft_ptr, draft_tokens_ptr, uniforms_ptr, masses_ptr, row_n_ptr, row_lse_ptr, num_draft_ptr,
+    out_tokens_ptr, out_accepted_ptr,
+    t_stride_b, t_stride_c, d_stride_b, d_stride_c, tok_stride_b,
+    vocab, gamma, num_splits, inv_temperature, alpha, inv_width,
+    BLOCK_V: tl.constexpr, TILES: tl.constexpr, SPLITS_BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr,
+    SIGMOID: tl.constexpr,
+):
+    """Grid (B,): inverse-CDF draw of the next token, then the row's output tokens."""
+    b = tl.program_id(0).to(tl.int64)
+    nd = tl.minimum(tl.maximum(tl.load(num_draft_ptr + b).to(tl.int32), 0), gamma)
+    n = tl.load(row_n_ptr + b)
+    rejected = n < nd
+    lse_t = tl.load(row_lse_ptr + 2 * b)
+    lse_d = tl.load(row_lse_ptr + 2 * b + 1)
+
+    # Choose residual or (when it vanished numerically) p, and find the split holding the threshold.
+    splits = tl.arange(0, SPLITS_BLOCK)
+    live = splits < num_splits
+    resid_mass = tl.load(masses_ptr + b * 2 * num_splits + splits, mask=live, other=0.0)
+    p_mass = tl.load(masses_ptr + b * 2 * num_splits + num_splits + splits, mask=live, other=0.0)
+    use_resid = tl.sum(resid_mass, axis=0) > 0
+    mass = tl.where(use_resid, resid_mass, p_mass)
+    cum = tl.cumsum(mass, axis=0)
+    threshold = tl.load(uniforms_ptr + b * (gamma + 1) + gamma) * tl.sum(mass, axis=0)
+    chosen = tl.min(tl.where((cum > threshold) & live, splits, SPLITS_BLOCK), axis=0)
+    last_heavy = tl.max(tl.where((mass > 0) & live, splits, 0), axis=0)
+    chosen = tl.where(chosen == SPLITS_BLOCK, last_heavy, chosen)  # rounding guard
+    running = tl.sum(tl.where(splits == chosen, cum - mass, 0.0), axis=0)
+
+    # Rescan the chosen split tile by tile with a float64 running cumulative sum.
+    t_row = target_ptr + b * t_stride_b + n * t_stride_c
+    d_row = draft_ptr + b * d_stride_b + n * d_stride_c
+    offs = tl.arange(0, BLOCK_V)
+    big = vocab + BLOCK_V
+    found = tl.full([], big, dtype=tl.int32)
+    last_nonzero = tl.full([], -1, dtype=tl.int32)
+    for i in tl.static_range(TILES):
+        idx = (chosen * TILES + i) * BLOCK_V + offs
+        in_vocab = idx < vocab
+        p, resid = row_weights(t_row, d_row, idx, vocab, rejected, inv_temperature, lse_t, lse_d,
+                               alpha, inv_width, SIGMOID)
+        a = tl.where(use_resid, resid, p)
+        a64 = a.to(tl.float64)
+        hit = (running + tl.cumsum(a64, axis=0) > threshold) & (a > 0) & in_vocab
+        found = tl.minimum(found, tl.min(tl.where(hit, idx, big), axis=0))
+        last_nonzero = tl.maximum(last_nonzero, tl.max(tl.where((a > 0) & in_vocab, idx, -1), axis=0))
+        running += tl.sum(a64, axis=0)
+    token = tl.where(found == big, last_nonzero, found)
+
+    write_tokens(out_tokens_ptr, out_accepted_ptr, draft_tokens_ptr, tok_stride_b, b, n, token, gamma, OUT_BLOCK)

@@ -1,0 +1,158 @@
+"""Mode ``sigmoid``: the paper's softmax-free approximation (Wagner et al. 2024), not exact.
+
+  p_hat = sigmoid((z_target / T - alpha) / (beta - alpha)), q_hat likewise for the draft,
+elementwise, with no normalisation, so no reduction over the vocabulary is needed to decide:
+  draft c is accepted iff  u_c * q_hat(x_c) < p_hat(x_c)   (probability min(1, p_hat/q_hat)),
+  at the first rejection n the next token is drawn from max(0, p_hat_n - q_hat_n) normalised,
+  if all are accepted (or that residual is identically zero) from p_hat_n normalised.
+The draft is expected to have sampled from q_hat normalised (``draft_probs_from_logits``).
+
+``verify_sigmoid_torch`` is the reference; ``verify_sigmoid_triton`` takes two launches and reads
+only the drafted ids plus one row per batch entry:
+  1. ``_accept_kernel`` grid (B, splits): acceptance from gathered logits, then per-split sums of
+     the sampling row's weights;
+  2. ``sampling.finalize_sample_kernel`` grid (B,): inverse-CDF draw and the output row.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .common import (
+    assemble_tokens,
+    clamp_num_draft,
+    draft_valid_mask,
+    gather_at_drafts,
+    inverse_cdf_sample,
+    leading_true_count,
+    scaled_logits,
+)
+from .sampling import finalize_sample_kernel, split_masses
+from .triton_support import last_dim_contiguous, launch_geometry, leading_accepts, next_power_of_2, tl, triton
+from .types import VerifyRandomness, VerifyResult
+
+
+def sigmoid_weights(z: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
+    """p_hat = sigmoid((z - alpha) / (beta - alpha)) for temperature-scaled float32 logits z."""
+    return torch.sigmoid((z - alpha) * (1.0 / (beta - alpha)))
+
+
+def verify_sigmoid_torch(
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    num_draft: torch.Tensor,
+    randomness: VerifyRandomness,
+    temperature: float = 1.0,
+    alpha: float = -1e3,
+    beta: float = 1e3,
+) -> VerifyResult:
+    """PyTorch reference of the sigmoid mode (same random numbers -> same tokens as the kernels)."""
+    batch, rows, _ = target_logits.shape
+    gamma = rows - 1
+    inv_temperature = 1.0 / temperature
+    nd = clamp_num_draft(num_draft, gamma)
+    u = randomness.uniforms
+
+    # Acceptance reads the logits at the drafted ids only.
+    zt_x = scaled_logits(gather_at_drafts(target_logits[:, :gamma], draft_tokens), inv_temperature)
+    zd_x = scaled_logits(gather_at_drafts(draft_logits, draft_tokens), inv_temperature)
+    p_x = sigmoid_weights(zt_x, alpha, beta)
+    q_x = sigmoid_weights(zd_x, alpha, beta)
+    accept = (u[:, :gamma] * q_x.double() < p_x.double()) & draft_valid_mask(nd, gamma)
+    n = leading_true_count(accept)
+    rejected = n < nd
+
+    rows_b = torch.arange(batch, device=target_logits.device)
+    p_n = sigmoid_weights(scaled_logits(target_logits[rows_b, n], inv_temperature), alpha, beta)
+    weights = p_n
+    if gamma > 0:
+        q_n = sigmoid_weights(
+            scaled_logits(draft_logits[rows_b, n.clamp(max=gamma - 1)], inv_temperature), alpha, beta
+        )
+        weights = torch.where(rejected[:, None], (p_n - q_n).clamp_min(0.0), p_n)
+    next_token = inverse_cdf_sample(weights, p_n, u[:, gamma])
+    return VerifyResult(tokens=assemble_tokens(draft_tokens, n, next_token), num_accepted=n)
+
+
+@triton.jit
+def _accept_kernel(
+    target_ptr, draft_ptr, draft_tokens_ptr, num_draft_ptr, uniforms_ptr,
+    masses_ptr, row_n_ptr, row_lse_ptr,
+    t_stride_b, t_stride_c, d_stride_b, d_stride_c, tok_stride_b,
+    vocab, gamma, num_splits, inv_temperature, alpha, inv_width,
+    BLOCK_V: tl.constexpr, TILES: tl.constexpr, ROWS_BLOCK: tl.constexpr,
+):
+    """Grid (B, splits): acceptance (recomputed by every program: g gathers), then this split's
+    weight sums of the sampling row; program 0 records n."""
+    b = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    nd = tl.minimum(tl.maximum(tl.load(num_draft_ptr + b).to(tl.int32), 0), gamma)
+
+    rows = tl.arange(0, ROWS_BLOCK)
+    drafted = rows < nd
+    x = tl.load(draft_tokens_ptr + b * tok_stride_b + rows, mask=drafted, other=0)
+    x = tl.minimum(tl.maximum(x, 0), vocab - 1)
+    zt_x = tl.load(target_ptr + b * t_stride_b + rows * t_stride_c + x, mask=drafted, other=float("-inf"))
+    zd_x = tl.load(draft_ptr + b * d_stride_b + rows * d_stride_c + x, mask=drafted, other=float("-inf"))
+    p_x = tl.sigmoid((zt_x.to(tl.float32) * inv_temperature - alpha) * inv_width)
+    q_x = tl.sigmoid((zd_x.to(tl.float32) * inv_temperature - alpha) * inv_width)
+    u = tl.load(uniforms_ptr + b * (gamma + 1) + rows, mask=drafted, other=1.0)
+    accept = (u * q_x.to(tl.float64) < p_x.to(tl.float64)) & drafted
+    n = leading_accepts(accept, rows, nd, ROWS_BLOCK)
+    rejected = n < nd
+
+    t_row = target_ptr + b * t_stride_b + n * t_stride_c
+    d_row = draft_ptr + b * d_stride_b + n * d_stride_c
+    resid_mass, p_mass = split_masses(t_row, d_row, split, vocab, rejected, inv_temperature, 0.0, 0.0,
+                                      alpha, inv_width, BLOCK_V, TILES, True)
+    tl.store(masses_ptr + b * 2 * num_splits + split, resid_mass)
+    tl.store(masses_ptr + b * 2 * num_splits + num_splits + split, p_mass)
+    if split == 0:
+        tl.store(row_n_ptr + b, n)
+        tl.store(row_lse_ptr + 2 * b, 0.0)
+        tl.store(row_lse_ptr + 2 * b + 1, 0.0)
+
+
+def verify_sigmoid_triton(
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    num_draft: torch.Tensor,
+    randomness: VerifyRandomness,
+    temperature: float = 1.0,
+    alpha: float = -1e3,
+    beta: float = 1e3,
+    block_v: int | None = None,
+    tiles: int | None = None,
+) -> VerifyResult:
+    """The sigmoid mode in two Triton launches; results stay on the logits' device."""
+    batch, rows, vocab = target_logits.shape
+    gamma = rows - 1
+    device = target_logits.device
+    target_logits = last_dim_contiguous(target_logits)
+    if gamma == 0:  # no draft rows: any valid tensor serves, its rows are never read
+        draft_logits, draft_tokens = target_logits, torch.zeros((batch, 1), dtype=torch.int64, device=device)
+    draft_logits = last_dim_contiguous(draft_logits)
+    geo = launch_geometry(vocab, block_v, tiles)
+    inv_temperature, inv_width = 1.0 / temperature, 1.0 / (beta - alpha)
+    masses = torch.empty((batch, 2, geo.num_splits), dtype=torch.float64, device=device)
+    row_n = torch.empty(batch, dtype=torch.int32, device=device)
+    row_lse = torch.empty((batch, 2), dtype=torch.float32, device=device)
+    tokens = torch.empty((batch, rows), dtype=torch.int64, device=device)
+    accepted = torch.empty(batch, dtype=torch.int64, device=device)
+    uniforms = randomness.uniforms.contiguous()
+    strides = (target_logits.stride(0), target_logits.stride(1), draft_logits.stride(0), draft_logits.stride(1))
+
+    _accept_kernel[(batch, geo.num_splits)](
+        target_logits, draft_logits, draft_tokens, num_draft, uniforms, masses, row_n, row_lse,
+        *strides, draft_tokens.stride(0), vocab, gamma, geo.num_splits, inv_temperature, alpha, inv_width,
+        BLOCK_V=geo.block_v, TILES=geo.tiles, ROWS_BLOCK=max(2, next_power_of_2(rows)),
+    )
+    finalize_sample_kernel[(batch,)](
+        target_logits, draft_logits, draft_tokens, uniforms, masses, row_n, row_lse, num_draft, tokens, accepted,
+        *strides, draft_tokens.stride(0), vocab, gamma, geo.num_splits, inv_temperature, alpha, inv_width,
+        BLOCK_V=geo.block_v, TILES=geo.tiles, SPLITS_BLOCK=geo.splits_block,
+        OUT_BLOCK=max(2, next_power_of_2(rows)), SIGMOID=True,
+    )
+    return VerifyResult(tokens=tokens, num_accepted=accepted)
