@@ -1,23 +1,22 @@
 """Mode ``baseline``: the semantics of transformers' ``_speculative_sampling`` in plain PyTorch.
 
-The yardstick the paper measured against. Per batch row (transformers' function is batch-1 only):
-softmax of both logit sets, ``r <= p(x)/q(x)`` with ``r = rand`` per draft, the accepted prefix,
-then ``multinomial`` from ``max(0, p - q)`` normalised at the first rejection or from ``p`` for the
-bonus token. The random draws are the same calls in the same order as transformers makes, so with
+The yardstick the paper measured against, batched: softmax of both logit sets, accept draft c iff
+``r_c <= p(x_c)/q(x_c)`` with ``r = torch.rand``, keep the accepted prefix, then ``multinomial``
+from ``max(0, p - q)`` normalised at the first rejection or from ``p`` for the bonus token. The
+random draws are the same calls with the same shapes as transformers' batch-1 function, so with
 the same generator state a batch-1 call returns the same tokens as transformers' function.
 
-Differences, on purpose: probabilities are computed in float32 whatever the input dtype; rows of a
-ragged batch use only their first ``num_draft[b]`` drafts (0 allowed: the token comes from p);
-a residual that is identically zero (transformers would divide by zero and ``multinomial`` would
-raise) falls back to ``p``. Being a reference, it synchronises with the host (``if n < gamma``) as
-transformers does.
+Differences, on purpose: probabilities are float32 whatever the input dtype; rows of a ragged batch
+use only their first ``num_draft[b]`` drafts (0 allowed: the token then comes from p); a residual
+that is identically zero (transformers divides by zero and ``multinomial`` raises) falls back to p.
+Being the reference, it reads ``num_draft.max()`` on the host, as transformers reads ``n_matches``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .common import assemble_tokens, scaled_logits
+from .common import assemble_tokens, clamp_num_draft, draft_valid_mask, gather_at_drafts, scaled_logits
 from .types import VerifyResult
 
 
@@ -32,41 +31,27 @@ def verify_baseline(
     batch, rows, _ = target_logits.shape
     gamma = rows - 1
     inv_temperature = 1.0 / temperature
-    device = target_logits.device
-    accepted = torch.zeros(batch, dtype=torch.int64, device=device)
-    next_tokens = torch.zeros(batch, dtype=torch.int64, device=device)
-    for b, nd in enumerate(num_draft.clamp(0, gamma).tolist()):
-        n, token = _speculative_sampling_row(
-            scaled_logits(target_logits[b : b + 1, : nd + 1], inv_temperature),
-            scaled_logits(draft_logits[b : b + 1, :nd], inv_temperature),
-            draft_tokens[b : b + 1, :nd],
-            generator,
-        )
-        accepted[b] = n
-        next_tokens[b] = token
-    return VerifyResult(tokens=assemble_tokens(draft_tokens, accepted, next_tokens), num_accepted=accepted)
+    nd = clamp_num_draft(num_draft, gamma)
+    used = int(nd.max())  # transformers' candidate_length (batch 1)
+    p = torch.softmax(scaled_logits(target_logits[:, : used + 1], inv_temperature), dim=-1)
+    q = torch.softmax(scaled_logits(draft_logits[:, :used], inv_temperature), dim=-1)
+    rows_b = torch.arange(batch, device=p.device)
 
-
-def _speculative_sampling_row(new_logits, candidate_logits, candidate_ids, generator):
-    """One row, [1, nd+1, V] / [1, nd, V] / [1, nd]; returns (n accepted, next token) as tensors."""
-    nd = candidate_ids.shape[1]
-    p = new_logits.softmax(dim=-1)
-    if nd == 0:
-        return torch.zeros((), dtype=torch.int64), torch.multinomial(p[:, 0, :], 1, generator=generator)[0, 0]
-    positions = torch.arange(nd, device=p.device)
-    q = candidate_logits.softmax(dim=-1)
-    q_i = q[:, positions, candidate_ids].squeeze(0, 1)
-    p_i = p[:, positions, candidate_ids].squeeze(0, 1)
+    p_i = gather_at_drafts(p[:, :used], draft_tokens[:, :used])
+    q_i = gather_at_drafts(q, draft_tokens[:, :used])
     probability_ratio = p_i / q_i
     r_i = torch.rand(probability_ratio.shape, dtype=probability_ratio.dtype, device=p.device, generator=generator)
-    is_accepted = r_i <= probability_ratio
-    n_matches = ((~is_accepted).cumsum(dim=-1) < 1).sum()
-    p_next = p[:, n_matches, :]
-    if n_matches < nd:
-        p_prime = torch.clamp(p_next - q[:, n_matches, :], min=0)
-        total = p_prime.sum()
-        p_prime = p_prime.div_(total) if total > 0 else p_next
-    else:
-        p_prime = p_next
-    token = torch.multinomial(p_prime, num_samples=1, generator=generator)[0, 0]
-    return n_matches, token
+    is_accepted = (r_i <= probability_ratio) & draft_valid_mask(nd, used)
+    n_matches = ((~is_accepted).cumsum(dim=-1) < 1).sum(dim=-1)
+    n_matches = torch.minimum(n_matches, nd)
+
+    p_next = p[rows_b, n_matches]
+    p_prime = p_next
+    rejected = n_matches < nd
+    if bool(rejected.any()):
+        residual = torch.clamp(p_next - q[rows_b, n_matches.clamp(max=max(used - 1, 0))], min=0)
+        total = residual.sum(dim=-1, keepdim=True)
+        normalised = residual / torch.where(total > 0, total, torch.ones_like(total))
+        p_prime = torch.where(rejected[:, None] & (total > 0), normalised, p_next)
+    next_token = torch.multinomial(p_prime, num_samples=1, generator=generator)[:, 0]
+    return VerifyResult(tokens=assemble_tokens(draft_tokens, n_matches, next_token), num_accepted=n_matches)

@@ -66,7 +66,7 @@ def launch_geometry(vocab: int, block_v: int | None = None, tiles: int | None = 
     programs one after another in Python, so there fewer, wider programs are much faster.
     """
     if block_v is None:
-        block_v = min(8192, next_power_of_2(vocab)) if triton_interpreting() else 1024
+        block_v = min(16384, next_power_of_2(vocab)) if triton_interpreting() else 1024
     if tiles is None:
         tiles = 2 if triton_interpreting() else 4
     per_split = block_v * tiles
