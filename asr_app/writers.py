@@ -99,7 +99,7 @@ def write_outputs(transcript: Transcript, out_dir: str | Path, stem: str, format
     JSON is written last, so its presence marks a file whose other formats are complete.
     """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / stem).parent.mkdir(parents=True, exist_ok=True)  # stems may hold sub-folders
     ordered = sorted(formats, key=lambda fmt: fmt == "json")
     rendered = {fmt: RENDERERS[fmt](transcript) for fmt in ordered}
     return [write_atomic(out_dir / f"{stem}.{fmt}", text) for fmt, text in rendered.items()]

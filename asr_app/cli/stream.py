@@ -1,0 +1,133 @@
+"""asr-stream: live transcription from the microphone, or a file played as if it were one.
+
+    asr-stream                              # microphone
+    asr-stream --simulate talk.flac         # the file at real-time pace
+    asr-stream --simulate talk.flac --fast --jsonl
+
+On a terminal the committed text grows and the unconfirmed tail is shown dimmed after it,
+rewritten in place. Piped (or with --plain) only committed text is printed, one commit per
+line; --jsonl prints every event as one JSON object per line. Ctrl-C stops listening, decodes
+what is left and prints the last words before exiting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import TextIO
+
+from asr_app.cli.common import add_model_args, decoder_from_args
+from asr_app.streaming import StreamEvent, StreamingOptions, StreamingProcessor, latency_report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="asr-stream", description="Streaming speech recognition.")
+    parser.add_argument("--simulate", metavar="FILE", help="stream this audio file instead of the microphone")
+    parser.add_argument("--fast", action="store_true", help="with --simulate: as fast as possible, not real time")
+    parser.add_argument("--step", type=float, default=1.0, help="seconds of new audio between decodes (default 1)")
+    parser.add_argument("--block", type=float, default=0.1, help="audio block size in seconds (default 0.1)")
+    parser.add_argument("--input-device", default=None, help="sounddevice input device (index or name)")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--jsonl", action="store_true", help="print every event as a JSON line")
+    output.add_argument("--plain", action="store_true", help="only committed text, one line per commit")
+    parser.add_argument("--stats", action="store_true", help="print latency/RTF statistics to stderr at the end")
+    add_model_args(parser)
+    return parser
+
+
+class Printer:
+    """Renders events as JSON lines, plain lines, or an in-place updated terminal line."""
+
+    def __init__(self, out: TextIO, style: str):
+        self.out, self.style = out, style
+        self._tail_shown = False
+
+    def __call__(self, events: list[StreamEvent]) -> None:
+        for event in events:
+            if self.style == "jsonl":
+                self.out.write(json.dumps(event.to_dict()) + "\n")
+            elif self.style == "plain":
+                if event.kind == "commit" and event.text:
+                    self.out.write(event.text + "\n")
+            else:
+                self._terminal(event)
+        self.out.flush()
+
+    def _terminal(self, event: StreamEvent) -> None:
+        if self._tail_shown:
+            self.out.write("\x1b[u\x1b[J")  # back to where the tail began, erase it
+            self._tail_shown = False
+        if event.kind == "commit" and event.text:
+            self.out.write(event.text + " ")
+        elif event.kind == "partial" and event.text:
+            self.out.write("\x1b[s\x1b[2m" + event.text + "\x1b[0m")
+            self._tail_shown = True
+
+    def close(self) -> None:
+        if self.style == "terminal":
+            if self._tail_shown:
+                self.out.write("\x1b[u\x1b[J")
+            self.out.write("\n")
+            self.out.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.fast and not args.simulate:
+        parser.error("--fast needs --simulate FILE")
+    if args.step <= 0 or args.block <= 0:
+        parser.error("--step and --block must be positive")
+
+    from asr_app.audio import AudioLoadError, FileSource, MicrophoneError, MicrophoneSource
+
+    try:
+        if args.simulate:
+            source = FileSource(args.simulate, block_s=args.block, realtime=not args.fast)
+        else:
+            device = int(args.input_device) if (args.input_device or "").isdigit() else args.input_device
+            source = MicrophoneSource(block_s=args.block, device=device)
+    except (AudioLoadError, MicrophoneError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        decoder = decoder_from_args(args)
+    except Exception as exc:  # noqa: BLE001 - model problems are the user's to fix, not a traceback
+        print(f"error: could not load the model: {exc}", file=sys.stderr)
+        return 2
+
+    style = "jsonl" if args.jsonl else "plain" if (args.plain or not sys.stdout.isatty()) else "terminal"
+    printer = Printer(sys.stdout, style)
+    processor = StreamingProcessor(decoder, StreamingOptions(step_s=args.step))
+    events: list[StreamEvent] = []
+    if not args.simulate:
+        print(f"listening on {source.device_name} (Ctrl-C to stop)", file=sys.stderr)
+    started = time.perf_counter()
+    try:
+        for block in source:
+            processor.insert_audio(block)
+            new = processor.process()
+            events.extend(new)
+            printer(new)
+    except KeyboardInterrupt:
+        pass  # stop listening; the words still in the buffer are flushed below
+    except MicrophoneError as exc:
+        print(f"\nerror: {exc}", file=sys.stderr)
+    final = processor.finish()
+    events.extend(final)
+    printer(final)
+    printer.close()
+    if args.stats:
+        compute = sum(s.compute_s for s in processor.steps)
+        report = latency_report(events, processor.audio_seconds, compute)
+        report["audio_s"] = round(processor.audio_seconds, 2)
+        report["wall_s"] = round(time.perf_counter() - started, 2)
+        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in report.items()}),
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""Chunked streaming: re-decode a growing audio buffer and commit text with LocalAgreement-2.
+
+The processor follows whisper_streaming's OnlineASRProcessor: three verbs
+(`insert_audio`, `process`, `finish`), a buffer that is re-decoded every `step_s` of new
+audio, a commit policy that keeps only the words two consecutive hypotheses agree on,
+and buffer trimming at committed segment boundaries with the committed text passed to
+the decoder as prompt context.
+
+Word times: Whisper's timestamp tokens give *segment* boundaries only. Word start/end
+times are interpolated inside each segment in proportion to the words' character counts
+(`words_from_segments`). They are estimates (typically within a few hundred ms), and the
+latency figures computed from them (`latency_report`) inherit that error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from asr_app.audio import SAMPLE_RATE, prepare_audio
+
+_NORMALISE = re.compile(r"[^\w']+")
+
+
+@dataclass(frozen=True)
+class Word:
+    start: float  # seconds from the start of the stream
+    end: float
+    text: str     # as decoded, punctuation included
+
+    @property
+    def key(self) -> str:
+        """What two hypotheses must share to agree on this word (case and punctuation ignored)."""
+        return _NORMALISE.sub("", self.text.lower()) or self.text
+
+
+def words_from_segments(segments: Sequence[Any], offset: float = 0.0, limit: float | None = None) -> list[Word]:
+    """Split timestamped segments into words with interpolated times (see module docstring).
+
+    `segments` are objects with start/end/text relative to the decoded window; `offset`
+    shifts them to stream time; `limit` (the window's audio length) clamps timestamps the
+    model placed past the end of the audio it actually heard.
+    """
+    words: list[Word] = []
+    for seg in segments:
+        start, end = float(seg.start), float(seg.end)
+        if limit is not None:
+            start, end = min(start, limit), min(end, limit)
+        end = max(end, start)
+        pieces = seg.text.split()
+        total = sum(len(p) for p in pieces)
+        if not pieces:
+            continue
+        done = 0
+        for piece in pieces:
+            w_start = start + (end - start) * done / total
+            done += len(piece)
+            w_end = start + (end - start) * done / total
+            words.append(Word(offset + w_start, offset + w_end, piece))
+    return words
+
+
+def join_words(words: Sequence[Word]) -> str:
+    return " ".join(w.text for w in words)
+
+
+class LocalAgreement:
+    """LocalAgreement-2: commit the longest common prefix of the last two hypotheses.
+
+    Each hypothesis is the full word sequence decoded from the current buffer, so it repeats
+    the words already committed inside the buffer; those are matched and skipped first (by
+    text, falling back to times and an n-gram check when the model rewrote them). Committed
+    words never change; `tail` is the uncommitted rest of the newest hypothesis.
+    """
+
+    def __init__(self) -> None:
+        self.in_buffer: list[Word] = []   # committed words whose audio is still in the buffer
+        self.committed_end = 0.0          # end time of the last committed word
+        self.tail: list[Word] = []        # newest hypothesis minus what is committed
+        self._previous: list[Word] | None = None
+
+    def _uncommitted_part(self, hypothesis: Sequence[Word]) -> list[Word]:
+        i = 0
+        while i < min(len(hypothesis), len(self.in_buffer)) and hypothesis[i].key == self.in_buffer[i].key:
+            i += 1
+        if i == len(self.in_buffer):
+            return list(hypothesis[i:])
+        # The model changed words we already committed: fall back to time, as whisper_streaming does,
+        # then drop a repeated n-gram at the seam (the same words heard twice across the cut).
+        rest = [w for w in hypothesis if w.start > self.committed_end - 0.1]
+        committed_keys = [w.key for w in self.in_buffer]
+        for n in range(min(5, len(rest), len(committed_keys)), 0, -1):
+            if [w.key for w in rest[:n]] == committed_keys[-n:]:
+                return rest[n:]
+        return rest
+
+    def insert(self, hypothesis: Sequence[Word]) -> list[Word]:
+        """Add a new hypothesis of the buffer; returns the words committed by it (maybe none)."""
+        new = self._uncommitted_part(hypothesis)
+        agreed: list[Word] = []
+        if self._previous is not None:
+            for old, cur in zip(self._previous, new):
+                if old.key != cur.key:
+                    break
+                agreed.append(cur)
+        committed = self._commit(agreed)
+        self.tail = new[len(agreed):]
+        self._previous = self.tail
+        return committed
+
+    def flush(self) -> list[Word]:
+        """Commit the whole tail (end of stream, or a forced buffer cut)."""
+        flushed = self._commit(self.tail)
+        self.tail, self._previous = [], None
+        return flushed
+
+    def trim(self, before: float) -> None:
+        """The buffer now starts at `before`: forget committed words that lie before it."""
+        self.in_buffer = [w for w in self.in_buffer if w.end > before + 1e-6]
+
+    def _commit(self, words: Sequence[Word]) -> list[Word]:
+        # Interpolated times from different hypotheses can overlap slightly; committed times are
+        # made monotone so that the final transcript's timeline never runs backwards.
+        fixed: list[Word] = []
+        floor = self.committed_end
+        for w in words:
+            start = max(w.start, floor)
+            fixed.append(Word(start, max(w.end, start), w.text))
+            floor = fixed[-1].end
+        if fixed:
+            self.in_buffer.extend(fixed)
+            self.committed_end = fixed[-1].end
+        return fixed
+
+
+@dataclass(frozen=True)
+class StreamingOptions:
+    step_s: float = 1.0               # re-decode after this much new audio
+    trim_s: float = 15.0              # once the buffer is longer, cut it at a committed segment end
+    max_buffer_s: float = 30.0        # hard cap (Whisper's window); forces a cut when reached
+    prompt_chars: int = 200           # committed text before the buffer, passed as the decoder prompt
+    no_speech_threshold: float = 0.6  # Whisper's rule: no speech if P(nospeech) > this ...
+    logprob_threshold: float = -1.0   # ... and the mean log-prob is below this
+    energy_threshold: float = 0.003   # RMS (of 30 ms frames) below which the whole buffer is silence
+    decoding: Any = None              # DecodingOptions; None = the decoder's own, with timestamps on
+
+
+@dataclass
+class StreamEvent:
+    kind: Literal["commit", "partial"]
+    text: str                          # commit: the newly final words; partial: the current tail
+    start: float                       # audio times (s from stream start) of the words in `text`
+    end: float
+    emitted_at: float                  # wall seconds since the stream's first sample was captured
+    audio_received: float = 0.0        # seconds of audio the processor had received when emitting
+    words: list[Word] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "text": self.text, "start": round(self.start, 3), "end": round(self.end, 3),
+                "emitted_at": round(self.emitted_at, 3), "audio_received": round(self.audio_received, 3)}
+
+
+@dataclass
+class StepRecord:
+    """One decode of the buffer, for statistics."""
+    buffer_start: float
+    buffer_end: float
+    compute_s: float
+    skipped_silence: bool
+    acceptance_rate: float | None
+
+
+def _frame_rms_max(audio: np.ndarray, frame: int = 480) -> float:
+    if audio.size == 0:
+        return 0.0
+    usable = audio[: audio.size - audio.size % frame] if audio.size >= frame else audio
+    frames = usable.reshape(-1, frame) if usable.size >= frame else usable[None, :]
+    return float(np.sqrt((frames.astype(np.float64) ** 2).mean(axis=1)).max())
+
+
+class StreamingProcessor:
+    """insert_audio(chunk) as audio arrives; process() after each chunk; finish() at the end."""
+
+    def __init__(self, decoder: Any, options: StreamingOptions = StreamingOptions(),
+                 clock: Callable[[], float] = time.monotonic):
+        if options.max_buffer_s > 30.0 or options.step_s <= 0:
+            raise ValueError("need 0 < step_s and max_buffer_s <= 30 (Whisper's window)")
+        self.decoder = decoder
+        self.options = options
+        base = options.decoding if options.decoding is not None else decoder.options
+        self.decoding = dataclasses.replace(base, timestamps=True)
+        self.clock = clock
+        self.agreement = LocalAgreement()
+        self.committed: list[Word] = []
+        self.steps: list[StepRecord] = []
+        self._buffer = np.zeros(0, dtype=np.float32)
+        self._buffer_start = 0.0          # stream time of the buffer's first sample
+        self._received = 0                # samples received in total
+        self._decoded_upto = 0            # value of _received at the last decode
+        self._t0: float | None = None
+        self._last_partial: str | None = None
+        self._finished = False
+
+    # -- the three verbs -------------------------------------------------------------------
+
+    def insert_audio(self, chunk: np.ndarray, sample_rate: int = SAMPLE_RATE) -> None:
+        if self._finished:
+            raise RuntimeError("insert_audio after finish()")
+        chunk = prepare_audio(chunk, sample_rate, source="stream chunk")
+        if self._t0 is None:
+            # The first chunk's audio was being captured during the chunk's duration before now.
+            self._t0 = self.clock() - chunk.size / SAMPLE_RATE
+        self._buffer = np.concatenate([self._buffer, chunk])
+        self._received += chunk.size
+
+    def process(self) -> list[StreamEvent]:
+        """Decode the buffer if at least one step of new audio arrived; returns new events."""
+        if self._received - self._decoded_upto < self.options.step_s * SAMPLE_RATE:
+            return []
+        return self._step(final=False)
+
+    def finish(self) -> list[StreamEvent]:
+        """Decode whatever audio is left and commit the final tail."""
+        if self._finished:
+            return []
+        events = self._step(final=True) if self._received > self._decoded_upto else []
+        self._finished = True
+        flushed = self.agreement.flush()
+        self.committed.extend(flushed)
+        if flushed:
+            events.append(self._event("commit", flushed))
+        if self._last_partial:
+            events.append(self._event("partial", []))
+        return events
+
+    # -- results ---------------------------------------------------------------------------
+
+    @property
+    def committed_text(self) -> str:
+        return join_words(self.committed)
+
+    @property
+    def buffer_seconds(self) -> float:
+        return self._buffer.size / SAMPLE_RATE
+
+    @property
+    def audio_seconds(self) -> float:
+        return self._received / SAMPLE_RATE
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _now(self) -> float:
+        return self.clock() - (self._t0 if self._t0 is not None else self.clock())
+
+    def _event(self, kind: Literal["commit", "partial"], words: list[Word]) -> StreamEvent:
+        start = words[0].start if words else self.audio_seconds
+        end = words[-1].end if words else self.audio_seconds
+        return StreamEvent(kind, join_words(words), start, end, self._now(), self.audio_seconds, list(words))
+
+    def _prompt(self) -> str | None:
+        before = [w for w in self.committed if w.end <= self._buffer_start + 1e-6]
+        text = join_words(before)[-self.options.prompt_chars:] if before else ""
+        return text.strip() or None
+
+    def _cut(self, at: float) -> None:
+        """Drop buffer audio before stream time `at`."""
+        drop = int(round((at - self._buffer_start) * SAMPLE_RATE))
+        drop = min(max(drop, 0), self._buffer.size)
+        if drop:
+            self._buffer = self._buffer[drop:]
+            self._buffer_start += drop / SAMPLE_RATE
+            self.agreement.trim(self._buffer_start)
+
+    def _enforce_cap(self, events: list[StreamEvent]) -> None:
+        """Keep the buffer within Whisper's window before decoding it."""
+        cap = self.options.max_buffer_s
+        if self.buffer_seconds <= cap:
+            return
+        if self.agreement.committed_end > self._buffer_start:
+            self._cut(self.agreement.committed_end)
+        if self.buffer_seconds > cap and self.agreement.tail:
+            # Nothing agreed for a whole window: take the last hypothesis as final rather than lose it.
+            flushed = self.agreement.flush()
+            self.committed.extend(flushed)
+            events.append(self._event("commit", flushed))
+            self._cut(flushed[-1].end)
+        if self.buffer_seconds > cap:  # still too long (e.g. one endless segment): keep the newest audio
+            self._cut(self._buffer_start + self.buffer_seconds - cap)
+
+    def _hypothesis(self) -> tuple[list[Word], list[Any], bool, float | None]:
+        """Decode the buffer -> (words in stream time, segments, skipped as silence, acceptance)."""
+        if _frame_rms_max(self._buffer) < self.options.energy_threshold:
+            return [], [], True, None
+        result = self.decoder.decode([self._buffer], self.decoding, prompts=[self._prompt()])[0]
+        if (result.no_speech_prob > self.options.no_speech_threshold
+                and result.avg_logprob < self.options.logprob_threshold):
+            return [], [], True, None
+        words = words_from_segments(result.segments, self._buffer_start, self.buffer_seconds)
+        stats = getattr(result, "stats", None)
+        acceptance = getattr(stats, "acceptance_rate", None) if stats is not None else None
+        return words, list(result.segments), False, acceptance
+
+    def _step(self, final: bool) -> list[StreamEvent]:
+        events: list[StreamEvent] = []
+        self._enforce_cap(events)
+        self._decoded_upto = self._received
+        started = time.perf_counter()
+        words, segments, silent, acceptance = self._hypothesis()
+        compute = time.perf_counter() - started
+        self.steps.append(StepRecord(self._buffer_start, self._buffer_start + self.buffer_seconds,
+                                     compute, silent, acceptance))
+        newly = self.agreement.insert(words)
+        if newly:
+            self.committed.extend(newly)
+            events.append(self._event("commit", newly))
+        partial = join_words(self.agreement.tail)
+        if partial != self._last_partial and not final:
+            events.append(self._event("partial", self.agreement.tail))
+            self._last_partial = partial
+        if final:
+            return events
+        if silent and not self.agreement.tail:
+            # Nothing pending in a silent buffer: keep only its last half second (a word may be starting).
+            self._cut(self._buffer_start + self.buffer_seconds - 0.5)
+        elif self.buffer_seconds > self.options.trim_s:
+            self._trim_at_segment(segments)
+        return events
+
+    def _trim_at_segment(self, segments: list[Any]) -> None:
+        """Cut at the latest segment end that lies inside the committed text."""
+        limit = self.agreement.committed_end + 0.05
+        ends = [self._buffer_start + float(s.end) for s in segments]
+        candidates = [e for e in ends if self._buffer_start < e <= limit]
+        if candidates:
+            self._cut(max(candidates))
+
+
+def latency_report(events: Sequence[StreamEvent], audio_seconds: float,
+                   compute_seconds: float) -> dict[str, float | int | None]:
+    """whisper_streaming's latency: per committed word, emission time minus the word's end in the audio.
+
+    first_partial_s: emission of the first event showing any text minus the end of its first word.
+    rtf: decoding compute time / audio duration.
+    """
+    finalization = [ev.emitted_at - w.end for ev in events if ev.kind == "commit" for w in ev.words]
+    first = next((ev for ev in events if ev.words), None)
+    arr = np.asarray(finalization, dtype=np.float64)
+    return {
+        "words": int(arr.size),
+        "first_partial_s": (first.emitted_at - first.words[0].end) if first else None,
+        "finalization_p50_s": float(np.percentile(arr, 50)) if arr.size else None,
+        "finalization_p90_s": float(np.percentile(arr, 90)) if arr.size else None,
+        "finalization_max_s": float(arr.max()) if arr.size else None,
+        "rtf": compute_seconds / audio_seconds if audio_seconds > 0 else None,
+    }

@@ -1,0 +1,287 @@
+"""Long-form and batch transcription with segment timestamps.
+
+Long audio is decoded as Whisper itself does it: a 30 s window, then the next window starts
+at the last complete segment's closing timestamp (or one window further when the model
+closed its last segment at the window end or emitted none). Each window is decoded with
+the previous text as prompt. Several files advance together when `batch_size > 1`: each
+round decodes the current window of every active file in one batched call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asr_app.audio import SAMPLE_RATE, AudioLoadError, load_audio, prepare_audio
+from asr_app.decoding import DecodingOptions, Segment
+from asr_app.writers import jsonable, write_outputs
+
+WINDOW_SECONDS = 30.0
+WINDOW_SAMPLES = int(WINDOW_SECONDS * SAMPLE_RATE)
+TIME_PRECISION = 0.02          # seconds per timestamp token step
+MIN_TAIL_SECONDS = 0.1         # a shorter remainder is not worth a window (and invites hallucinations)
+
+__all__ = ["Transcript", "TranscribeOptions", "transcribe", "transcribe_many", "write_outputs"]
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    decoding: DecodingOptions | None = None  # None: the decoder's own options (timestamps forced on)
+    condition_on_previous_text: bool = True
+    prompt_chars: int = 200                  # how much previous text to pass as the prompt
+    no_speech_threshold: float = 0.6         # Whisper's silence rule: skip a window if P(nospeech) > this
+    logprob_threshold: float = -1.0          # ... and its mean log-prob is below this
+    batch_size: int = 1
+
+
+@dataclass
+class Transcript:
+    source: str
+    duration: float                  # seconds of audio
+    text: str
+    segments: list[Segment]          # absolute times, monotone
+    language: str | None
+    mode: str
+    model: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(self)
+
+
+class _LongForm:
+    """One file's progress through its windows."""
+
+    def __init__(self, key: Any, source: str, audio: np.ndarray):
+        self.key, self.source, self.audio = key, source, audio
+        self.seek = 0
+        self.segments: list[Segment] = []
+        self.decode_s = 0.0
+        self.windows = 0
+        self.results: list[Any] = []
+        self.started = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        return len(self.audio) - self.seek < MIN_TAIL_SECONDS * SAMPLE_RATE
+
+    def window(self) -> np.ndarray:
+        return self.audio[self.seek:self.seek + WINDOW_SAMPLES]
+
+    def prompt(self, options: TranscribeOptions) -> str | None:
+        if not options.condition_on_previous_text or not self.segments:
+            return None
+        text = " ".join(s.text for s in self.segments)[-options.prompt_chars:]
+        return text.strip() or None
+
+
+def split_window(tokens: list[int], timestamp_begin: int, window_s: float,
+                 decode: Callable[[list[int]], str]) -> tuple[list[Segment], float]:
+    """Whisper's segmentation of one window -> (segments relative to the window, seconds to advance).
+
+    Consecutive timestamp tokens close one segment and open the next; a single timestamp at the
+    very end means the model closed its last segment and the whole window is consumed.
+    Otherwise the window advances to the last closing timestamp, so an unfinished segment is
+    decoded again in the next window.
+    """
+    is_ts = [t >= timestamp_begin for t in tokens]
+    single_ending = is_ts[-2:] == [False, True]
+    cuts = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
+
+    def seconds(token: int) -> float:
+        return min((token - timestamp_begin) * TIME_PRECISION, window_s)
+
+    def make(piece: list[int], start: float, end: float) -> Segment | None:
+        text_tokens = [t for t in piece if t < timestamp_begin]
+        text = decode(text_tokens).strip() if text_tokens else ""
+        return Segment(start, max(end, start), text, text_tokens) if text else None
+
+    segments: list[Segment] = []
+    if cuts:
+        slices = cuts + ([len(tokens)] if single_ending else [])
+        last = 0
+        for cut in slices:
+            piece = tokens[last:cut]
+            seg = make(piece, seconds(piece[0]) if is_ts[last] else 0.0,
+                       seconds(piece[-1]) if is_ts[cut - 1] else window_s)
+            if seg:
+                segments.append(seg)
+            last = cut
+        advance = window_s if single_ending else seconds(tokens[last - 1])
+    else:
+        stamps = [t for t in tokens if t >= timestamp_begin]
+        end = seconds(stamps[-1]) if stamps and stamps[-1] != timestamp_begin else window_s
+        start = seconds(stamps[0]) if stamps and is_ts[0] and len(stamps) > 1 else 0.0
+        seg = make(tokens, start, end)
+        if seg:
+            segments.append(seg)
+        advance = window_s
+    if advance <= 0:  # never loop on the same window
+        advance = window_s
+    return segments, advance
+
+
+def _timestamp_begin(decoder: Any) -> int:
+    tokenizer = decoder.pair.processor.tokenizer
+    return int(tokenizer.convert_tokens_to_ids("<|notimestamps|>")) + 1
+
+
+def _aggregate_stats(results: list[Any], mode: str) -> dict[str, Any]:
+    keys = ("tokens_out", "target_calls", "draft_calls", "drafted", "accepted",
+            "encoder_s", "draft_s", "target_s", "verify_s", "total_s")
+    totals: dict[str, Any] = {k: 0 for k in keys}
+    shared = None
+    for res in results:
+        stats = res.stats
+        for k in keys:
+            totals[k] += getattr(stats, k, 0) or 0
+        shared = getattr(stats, "shared_encoder", shared)
+    totals["mode"] = mode
+    totals["shared_encoder"] = shared
+    totals["windows"] = len(results)
+    totals["acceptance_rate"] = totals["accepted"] / totals["drafted"] if totals["drafted"] else None
+    totals["mean_accepted_per_step"] = (totals["accepted"] / totals["target_calls"]
+                                        if totals["target_calls"] and mode not in ("off",) else None)
+    return totals
+
+
+def transcribe_many(decoder: Any, items: Iterable[tuple[Any, str | Path | np.ndarray]],
+                    options: TranscribeOptions = TranscribeOptions(),
+                    on_progress: Callable[[float], None] | None = None,
+                    ) -> Iterator[tuple[Any, Transcript | Exception]]:
+    """Transcribe (key, path-or-16k-array) items, yielding (key, Transcript or the error) as each finishes.
+
+    Up to `options.batch_size` files are decoded together. A file that cannot be loaded or
+    decoded yields its exception and the others carry on. `on_progress(seconds)` is called
+    with the audio seconds consumed after every window.
+    """
+    base = options.decoding if options.decoding is not None else decoder.options
+    decoding = dataclasses.replace(base, timestamps=True)
+    ts_begin = _timestamp_begin(decoder)
+    tokenizer = decoder.pair.processor.tokenizer
+
+    def decode_text(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    pending = iter(items)
+    active: list[_LongForm] = []
+    exhausted = False
+    while True:
+        while not exhausted and len(active) < max(1, options.batch_size):
+            try:
+                key, src = next(pending)
+            except StopIteration:
+                exhausted = True
+                break
+            try:
+                started = time.perf_counter()
+                audio = load_audio(src) if isinstance(src, (str, Path)) else prepare_audio(src, SAMPLE_RATE)
+                if audio.size == 0:
+                    raise AudioLoadError(f"{src if isinstance(src, (str, Path)) else 'audio array'}: no samples")
+                job = _LongForm(key, str(src) if isinstance(src, (str, Path)) else "audio array", audio)
+                job.load_s = time.perf_counter() - started  # type: ignore[attr-defined]
+                active.append(job)
+            except Exception as exc:  # noqa: BLE001 - reported per file, the batch goes on
+                yield key, exc
+        if not active:
+            return
+        finished: list[tuple[_LongForm, Exception | None]] = []
+        for job, outcome in _decode_round(decoder, active, decoding, options):
+            if isinstance(outcome, Exception):
+                finished.append((job, outcome))
+                continue
+            result, seconds = outcome
+            before = job.seek
+            _advance(job, result, ts_begin, decode_text, options)
+            if on_progress:
+                on_progress((min(job.seek, len(job.audio)) - before) / SAMPLE_RATE)
+            if job.done:
+                if on_progress and job.seek < len(job.audio):
+                    on_progress((len(job.audio) - job.seek) / SAMPLE_RATE)
+                finished.append((job, None))
+        for job, error in finished:
+            active.remove(job)
+            yield job.key, (error if error is not None else _finish(job, decoder, decoding))
+
+
+def _decode_round(decoder: Any, jobs: list[_LongForm], decoding: DecodingOptions, options: TranscribeOptions):
+    """Decode the current window of every job in one call; on failure retry one by one so one bad
+    file does not sink the others."""
+    windows = [job.window() for job in jobs]
+    prompts = [job.prompt(options) for job in jobs]
+    started = time.perf_counter()
+    try:
+        results = decoder.decode(windows, decoding, prompts=prompts)
+    except Exception:  # noqa: BLE001
+        if len(jobs) == 1:
+            raise
+        for job, window, prompt in zip(jobs, windows, prompts):
+            t0 = time.perf_counter()
+            try:
+                result = decoder.decode([window], decoding, prompts=[prompt])[0]
+            except Exception as exc:  # noqa: BLE001
+                yield job, RuntimeError(f"{job.source}: decoding failed ({type(exc).__name__}: {exc})")
+                continue
+            job.decode_s += time.perf_counter() - t0
+            yield job, (result, time.perf_counter() - t0)
+        return
+    share = (time.perf_counter() - started) / len(jobs)
+    for job, result in zip(jobs, results):
+        job.decode_s += share
+        yield job, (result, share)
+
+
+def _advance(job: _LongForm, result: Any, ts_begin: int, decode_text: Callable[[list[int]], str],
+             options: TranscribeOptions) -> None:
+    window_samples = len(job.window())
+    window_s = window_samples / SAMPLE_RATE
+    job.windows += 1
+    job.results.append(result)
+    if result.no_speech_prob > options.no_speech_threshold and result.avg_logprob < options.logprob_threshold:
+        job.seek += window_samples
+        return
+    segments, advance = split_window(list(result.tokens), ts_begin, window_s, decode_text)
+    offset = job.seek / SAMPLE_RATE
+    floor = job.segments[-1].end if job.segments else 0.0
+    for seg in segments:
+        # Absolute times, kept monotone (a segment never starts before the previous one ended).
+        start = max(offset + seg.start, floor)
+        end = max(offset + seg.end, start)
+        job.segments.append(Segment(round(start, 3), round(end, 3), seg.text, seg.tokens))
+        floor = end
+    job.seek += min(window_samples, max(1, int(round(advance * SAMPLE_RATE))))
+
+
+def _finish(job: _LongForm, decoder: Any, decoding: DecodingOptions) -> Transcript:
+    duration = len(job.audio) / SAMPLE_RATE
+    total = time.perf_counter() - job.started + getattr(job, "load_s", 0.0)
+    pair = decoder.pair
+    return Transcript(
+        source=job.source,
+        duration=round(duration, 3),
+        text=" ".join(s.text for s in job.segments).strip(),
+        segments=job.segments,
+        language=decoding.language,
+        mode=decoding.mode,
+        model={"target": getattr(pair, "target_name", None), "draft": getattr(pair, "draft_name", None),
+               "device": str(getattr(pair, "device", "")), "dtype": str(getattr(pair, "dtype", ""))},
+        timings={"load_s": round(getattr(job, "load_s", 0.0), 4), "decode_s": round(job.decode_s, 4),
+                 "total_s": round(total, 4), "rtf": round(job.decode_s / duration, 4) if duration else 0.0},
+        stats=_aggregate_stats(job.results, decoding.mode),
+    )
+
+
+def transcribe(decoder: Any, audio_or_path: str | Path | np.ndarray,
+               options: TranscribeOptions = TranscribeOptions()) -> Transcript:
+    """Long-form transcription of one file or 16 kHz array; raises on bad input."""
+    [(_, outcome)] = list(transcribe_many(decoder, [(0, audio_or_path)], options))
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome

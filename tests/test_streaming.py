@@ -1,0 +1,159 @@
+"""Streaming: the LocalAgreement-2 policy on its own, then the processor on real audio with tiny.en."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jiwer
+import numpy as np
+import pytest
+from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, LJSPEECH_DIR, TINY_EN_DIR
+
+from asr_app.audio import SAMPLE_RATE, FileSource, load_audio
+from asr_app.streaming import (
+    LocalAgreement,
+    StreamingOptions,
+    StreamingProcessor,
+    Word,
+    latency_report,
+    words_from_segments,
+)
+
+
+def hyp(*spec: tuple[str, float]) -> list[Word]:
+    """Words with 0.5 s durations ending at the given times."""
+    return [Word(end - 0.5, end, text) for text, end in spec]
+
+
+# -- LocalAgreement-2 ----------------------------------------------------------------------
+
+def test_first_hypothesis_commits_nothing():
+    la = LocalAgreement()
+    assert la.insert(hyp(("hello", 0.5), ("world", 1.0))) == []
+    assert [w.text for w in la.tail] == ["hello", "world"]
+
+
+def test_commits_longest_common_prefix_of_last_two():
+    la = LocalAgreement()
+    la.insert(hyp(("and", 0.5), ("so", 1.0), ("my", 1.5)))
+    committed = la.insert(hyp(("And", 0.5), ("so,", 1.0), ("mine", 1.5), ("fellow", 2.0)))
+    # Case and punctuation do not break agreement; the newest spelling is the one committed.
+    assert [w.text for w in committed] == ["And", "so,"]
+    assert [w.text for w in la.tail] == ["mine", "fellow"]
+    assert la.committed_end == 1.0
+
+
+def test_committed_words_are_skipped_in_later_hypotheses():
+    la = LocalAgreement()
+    la.insert(hyp(("a", 0.5), ("b", 1.0)))
+    assert [w.text for w in la.insert(hyp(("a", 0.5), ("b", 1.0), ("c", 1.5)))] == ["a", "b"]
+    # The buffer still holds a, b: the next hypothesis repeats them and must not re-commit them.
+    assert [w.text for w in la.insert(hyp(("a", 0.5), ("b", 1.0), ("c", 1.5), ("d", 2.0)))] == ["c"]
+    assert [w.text for w in la.tail] == ["d"]
+
+
+def test_rewritten_committed_words_fall_back_to_time_and_ngram():
+    la = LocalAgreement()
+    la.insert(hyp(("the", 0.5), ("cat", 1.0)))
+    la.insert(hyp(("the", 0.5), ("cat", 1.0), ("sat", 1.5)))
+    # The model now spells the committed words differently; "cat" is heard again at the seam.
+    new = la.insert([Word(0.0, 0.4, "a"), Word(0.5, 1.05, "cat"), Word(1.0, 1.5, "sat"), Word(1.5, 2.0, "down")])
+    assert [w.text for w in new] == ["sat"]
+    assert [w.text for w in la.in_buffer] == ["the", "cat", "sat"]
+
+
+def test_flush_commits_tail_and_trim_forgets_old_words():
+    la = LocalAgreement()
+    la.insert(hyp(("x", 0.5), ("y", 1.0)))
+    assert [w.text for w in la.flush()] == ["x", "y"]
+    assert la.tail == [] and la.committed_end == 1.0
+    la.trim(0.6)
+    assert [w.text for w in la.in_buffer] == ["y"]
+
+
+def test_words_from_segments_interpolates_by_characters():
+    seg = dataclasses.make_dataclass("Seg", ["start", "end", "text"])
+    words = words_from_segments([seg(1.0, 3.0, " ab abcdef ab"), seg(3.0, 9.0, "   ")], offset=10.0, limit=2.5)
+    assert [w.text for w in words] == ["ab", "abcdef", "ab"]
+    # Segment clamped to the 2.5 s of audio: 1.5 s over 10 characters.
+    assert words[0].start == pytest.approx(11.0) and words[0].end == pytest.approx(11.3)
+    assert words[1].end == pytest.approx(12.2) and words[2].end == pytest.approx(12.5)
+
+
+# -- the processor on real audio with the real decoder --------------------------------------
+
+@pytest.fixture(scope="module")
+def decoder():
+    from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+    from asr_app.models import load_pair
+
+    pair = load_pair(target=str(TINY_EN_DIR), draft=str(DISTIL_DRAFT_DIR), device="cpu")
+    return SpeculativeDecoder(pair, DecodingOptions(mode="off"))
+
+
+def normalise(text: str) -> str:
+    return " ".join("".join(c for c in text.lower() if c.isalnum() or c in " '").split())
+
+
+def run_stream(decoder, audio, options=StreamingOptions()):
+    processor = StreamingProcessor(decoder, options)
+    events = []
+    for block in FileSource(audio, block_s=0.5, realtime=False):
+        processor.insert_audio(block)
+        events.extend(processor.process())
+    events.extend(processor.finish())
+    return processor, events
+
+
+def test_stream_matches_offline_transcript_and_silence_adds_nothing(decoder):
+    speech = load_audio(JFK_FLAC)  # 11 s
+    rng = np.random.default_rng(1)
+    silence = np.concatenate([np.zeros(SAMPLE_RATE), rng.normal(0, 1e-4, 2 * SAMPLE_RATE)]).astype(np.float32)
+    offline = decoder.decode([speech])[0].text
+    processor, events = run_stream(decoder, np.concatenate([speech, silence]), StreamingOptions(step_s=2.0))
+    commits = [e for e in events if e.kind == "commit"]
+    streamed = " ".join(e.text for e in commits)
+    assert streamed == processor.committed_text
+    assert jiwer.wer(normalise(offline), normalise(streamed)) <= 0.1, (offline, streamed)
+    # Text became final while audio was still arriving, not only at finish().
+    assert sum(e.audio_received < 11.0 for e in commits) >= 2
+    # Events are ordered in emission time; committed words in audio time, all inside the speech
+    # (the trailing silence added nothing).
+    assert [e.emitted_at for e in events] == sorted(e.emitted_at for e in events)
+    ends = [w.end for e in commits for w in e.words]
+    assert ends == sorted(ends) and ends[-1] <= 11.0 + 0.3
+    # Committed text never changes: each commit's words are exactly the next words of the final text.
+    final_words = processor.committed_text.split()
+    position = 0
+    for e in commits:
+        assert e.text.split() == final_words[position:position + len(e.words)]
+        position += len(e.words)
+    report = latency_report(events, processor.audio_seconds, sum(s.compute_s for s in processor.steps))
+    assert report["words"] == len(final_words) and report["finalization_p50_s"] is not None
+    assert max(s.buffer_end - s.buffer_start for s in processor.steps) <= 30.0
+
+
+def test_long_stream_trims_buffer_at_committed_segments(decoder):
+    clips = [load_audio(LJSPEECH_DIR / "wavs" / f"LJ001-{i:04d}.wav") for i in (1, 3)]
+    gap = np.zeros(int(0.4 * SAMPLE_RATE), dtype=np.float32)
+    audio = np.concatenate([clips[0], gap, clips[1]])  # about 19.7 s
+    options = StreamingOptions(step_s=3.0, trim_s=6.0)
+    processor, events = run_stream(decoder, audio, options)
+    # The buffer was cut at committed segment ends, so it never held the whole stream,
+    # and the text before the cut went to the decoder as prompt.
+    assert any(s.buffer_start > 0 for s in processor.steps)
+    assert max(s.buffer_end - s.buffer_start for s in processor.steps) < len(audio) / SAMPLE_RATE - 3.0
+    assert any("the" in e.text.lower() for e in events if e.kind == "commit" and e.start > 8.0)
+    offline = " ".join(decoder.decode([c])[0].text for c in clips)
+    assert jiwer.wer(normalise(offline), normalise(processor.committed_text)) <= 0.15, (
+        offline, processor.committed_text)
+
+
+def test_silence_yields_no_text(decoder):
+    rng = np.random.default_rng(2)
+    silence = np.concatenate([np.zeros(2 * SAMPLE_RATE), rng.normal(0, 1e-4, 3 * SAMPLE_RATE)]).astype(np.float32)
+    processor, events = run_stream(decoder, silence)
+    assert processor.committed_text == ""
+    assert all(e.text == "" for e in events)
+    assert processor.steps and all(s.skipped_silence for s in processor.steps)
+    assert processor.buffer_seconds <= 1.5  # silent audio is not kept

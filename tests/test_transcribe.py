@@ -1,0 +1,276 @@
+"""Long-form transcription, writers and the asr-transcribe CLI on real audio with tiny.en."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jiwer
+import numpy as np
+import pytest
+import soundfile as sf
+from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, LJSPEECH_DIR, REPO_ROOT, TINY_EN_DIR
+
+from asr_app.audio import SAMPLE_RATE, load_audio
+from asr_app.cli import transcribe as cli
+from asr_app.decoding import Segment
+from asr_app.transcribe import TranscribeOptions, Transcript, split_window, transcribe
+from asr_app.writers import format_timestamp, parse_formats, to_srt, to_vtt, write_atomic
+
+LJ = LJSPEECH_DIR / "wavs"
+MODEL_ARGS = ["--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR), "--device", "cpu"]
+
+
+def lj_text(clip_id: str) -> str:
+    for line in (LJSPEECH_DIR / "metadata.csv").read_text().splitlines():
+        if line.startswith(clip_id + "|"):
+            return line.split("|", 1)[1]
+    raise KeyError(clip_id)
+
+
+def normalise(text: str) -> str:
+    return " ".join("".join(c for c in text.lower() if c.isalnum() or c in " '").split())
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+    from asr_app.models import load_pair
+
+    pair = load_pair(target=str(TINY_EN_DIR), draft=str(DISTIL_DRAFT_DIR), device="cpu")
+    return SpeculativeDecoder(pair, DecodingOptions(mode="exact"))
+
+
+@pytest.fixture
+def reuse_decoder(monkeypatch, decoder):
+    """The CLI would load tiny.en again for every in-process run; hand it the loaded one instead,
+    after checking the CLI asked for what this decoder is."""
+    def from_args(args):
+        assert args.target == str(TINY_EN_DIR) and args.mode == decoder.options.mode
+        return decoder
+    monkeypatch.setattr(cli, "decoder_from_args", from_args)
+
+
+# -- Whisper's window segmentation (token logic only) ---------------------------------------
+
+TS = 50363  # <|0.00|> for tiny.en
+
+
+def ts(seconds: float) -> int:
+    return TS + int(round(seconds / 0.02))
+
+
+def fake_decode(ids):
+    return " ".join(f"w{i}" for i in ids)
+
+
+def test_split_window_consecutive_timestamps_seek_to_last_closed_segment():
+    tokens = [ts(0), 1, 2, ts(2.0), ts(2.0), 3, ts(5.5), ts(5.5), 4, 5]  # last segment unfinished
+    segments, advance = split_window(tokens, TS, 30.0, fake_decode)
+    assert [(s.start, s.end, s.text) for s in segments] == [(0.0, 2.0, "w1 w2"), (2.0, 5.5, "w3")]
+    assert advance == pytest.approx(5.5)
+
+
+def test_split_window_single_timestamp_ending_consumes_window():
+    tokens = [ts(0), 1, ts(3.0), ts(3.0), 2, ts(7.0)]
+    segments, advance = split_window(tokens, TS, 12.0, fake_decode)
+    assert [(s.start, s.end) for s in segments] == [(0.0, 3.0), (3.0, 7.0)]
+    assert advance == 12.0
+    segments, advance = split_window([ts(0), 1, 2, ts(4.0)], TS, 30.0, fake_decode)
+    assert [(s.start, s.end, s.text) for s in segments] == [(0.0, 4.0, "w1 w2")] and advance == 30.0
+
+
+# -- writers -----------------------------------------------------------------------------
+
+SRT_TIME = r"\d\d:\d\d:\d\d,\d\d\d"
+VTT_TIME = r"\d\d:\d\d:\d\d\.\d\d\d"
+
+
+def to_seconds(stamp: str) -> float:
+    h, m, s = stamp.replace(",", ".").split(":")
+    return int(h) * 3600 + int(m) * 60 + float(s)
+
+
+def check_srt(text: str) -> list[tuple[float, float]]:
+    cues = []
+    blocks = text.strip().split("\n\n")
+    for number, block in enumerate(blocks, start=1):
+        lines = block.split("\n")
+        assert lines[0] == str(number)
+        match = re.fullmatch(f"({SRT_TIME}) --> ({SRT_TIME})", lines[1])
+        assert match, lines[1]
+        assert len(lines) >= 3 and lines[2].strip()
+        cues.append((to_seconds(match[1]), to_seconds(match[2])))
+    check_monotone(cues)
+    return cues
+
+
+def check_vtt(text: str) -> list[tuple[float, float]]:
+    assert text.startswith("WEBVTT\n\n")
+    cues = []
+    for block in text[len("WEBVTT\n\n"):].strip().split("\n\n"):
+        lines = block.split("\n")
+        match = re.fullmatch(f"({VTT_TIME}) --> ({VTT_TIME})", lines[0])
+        assert match, lines[0]
+        assert lines[1].strip()
+        cues.append((to_seconds(match[1]), to_seconds(match[2])))
+    check_monotone(cues)
+    return cues
+
+
+def check_monotone(cues):
+    assert cues
+    for (start, end), (next_start, _) in zip(cues, cues[1:] + [(float("inf"), None)]):
+        assert start < end <= next_start
+
+
+def test_timestamp_format_and_writers(tmp_path):
+    assert format_timestamp(3725.0456) == "01:02:05,046"
+    assert format_timestamp(0.5, ".") == "00:00:00.500"
+    transcript = Transcript("x.wav", 10.0, "a b", [Segment(0.0, 1.5, " Hello\n\nthere ", []),
+                                                   Segment(1.5, 4.0, "general", [])], "en", "exact")
+    assert check_srt(to_srt(transcript)) == [(0.0, 1.5), (1.5, 4.0)]
+    assert "Hello there" in to_srt(transcript)  # a blank line inside a cue would end it
+    assert check_vtt(to_vtt(transcript)) == [(0.0, 1.5), (1.5, 4.0)]
+    assert parse_formats("all") == ["txt", "srt", "vtt", "json"] and parse_formats("json,txt") == ["txt", "json"]
+    with pytest.raises(ValueError, match="unknown output format"):
+        parse_formats("docx")
+    target = write_atomic(tmp_path / "out.txt", "complete\n")
+    assert target.read_text() == "complete\n" and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+# -- long-form ---------------------------------------------------------------------------
+
+def test_long_form_over_30s_has_monotone_timestamps(decoder):
+    gap = np.zeros(SAMPLE_RATE // 2, dtype=np.float32)
+    parts = [load_audio(LJ / "LJ001-0001.wav"), gap, load_audio(JFK_FLAC), gap, load_audio(LJ / "LJ001-0003.wav")]
+    audio = np.concatenate(parts)
+    assert len(audio) / SAMPLE_RATE > 31.0
+    result = transcribe(decoder, audio, TranscribeOptions())
+    starts = [s.start for s in result.segments]
+    assert starts == sorted(starts)
+    assert all(s.start < s.end and s.text for s in result.segments)
+    assert all(a.end <= b.start for a, b in zip(result.segments, result.segments[1:]))
+    # The last window was reached: text from the third clip, timed after 30 s... of the 31+ s.
+    assert result.segments[-1].end > 25.0 and result.segments[-1].end <= result.duration + 0.01
+    reference = " ".join([lj_text("LJ001-0001"), (JFK_FLAC.parent / "jfk.txt").read_text(), lj_text("LJ001-0003")])
+    assert jiwer.wer(normalise(reference), normalise(result.text)) < 0.2, result.text
+    assert result.stats["windows"] >= 2 and result.stats["mode"] == "exact"
+    assert 0.0 < result.stats["acceptance_rate"] <= 1.0
+
+
+# -- the CLI -----------------------------------------------------------------------------
+
+def make_folder(root: Path) -> Path:
+    folder = root / "in"
+    (folder / "nested").mkdir(parents=True)
+    (folder / "jfk.flac").symlink_to(JFK_FLAC)
+    (folder / "nested" / "lj2.wav").symlink_to(LJ / "LJ001-0002.wav")
+    (folder / "broken.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunkjunkjunk" * 10)
+    (folder / "readme.txt").write_text("not audio, must be ignored")
+    return folder
+
+
+def test_cli_folder_all_formats_errors_and_skip_existing(tmp_path, capsys, reuse_decoder):
+    folder = make_folder(tmp_path)
+    out = tmp_path / "out"
+    status = cli.main([str(folder), "-o", str(out), "--format", "all", "--recursive", "--quiet", *MODEL_ARGS])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert re.search(r"broken\.wav: not a readable audio file", err)
+    assert "2 transcribed, 1 failed" in err
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert written == sorted(f"{stem}.{fmt}" for stem in ("jfk", "nested/lj2") for fmt in ("json", "srt", "txt", "vtt"))
+    assert "ask not what your country can do for you" in (out / "jfk.txt").read_text().lower()
+    check_srt((out / "jfk.srt").read_text())
+    check_vtt((out / "nested" / "lj2.vtt").read_text())
+    data = json.loads((out / "jfk.json").read_text())
+    assert data["segments"] and data["segments"][-1]["end"] <= 11.0 + 0.01
+    assert data["stats"]["mode"] == "exact" and 0.0 < data["stats"]["acceptance_rate"] <= 1.0
+    assert data["timings"]["decode_s"] > 0 and data["duration"] == pytest.approx(11.0, abs=0.01)
+
+    # Rerun: existing outputs are left alone; only the still-failing file is attempted again.
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    status = cli.main([str(folder), "-o", str(out), "--format", "all", "--recursive", "--skip-existing",
+                       "--quiet", *MODEL_ARGS])
+    err = capsys.readouterr().err
+    assert status == 1 and "0 transcribed, 1 failed, 2 skipped" in err
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+    (folder / "broken.wav").unlink()
+    assert cli.main([str(folder), "-o", str(out), "--format", "all", "--recursive", "--skip-existing",
+                     *MODEL_ARGS]) == 0
+    assert "nothing to do" in capsys.readouterr().err
+
+
+def test_cli_without_output_dir_prints_transcript(capsys, reuse_decoder):
+    assert cli.main([str(JFK_FLAC), "--quiet", *MODEL_ARGS]) == 0
+    captured = capsys.readouterr()
+    assert "ask not what your country can do for you" in captured.out.lower()
+    assert "1 transcribed, 0 failed" in captured.err
+
+
+def test_cli_non_recursive_ignores_nested_and_reports_missing(tmp_path, capsys, reuse_decoder):
+    folder = tmp_path / "only_nested"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "a.wav").symlink_to(LJ / "LJ001-0002.wav")
+    assert cli.main([str(folder), str(tmp_path / "missing.flac"), "-o", str(tmp_path / "o"), *MODEL_ARGS]) == 1
+    err = capsys.readouterr().err
+    assert "no audio files found (try --recursive)" in err and "missing.flac: no such file or folder" in err
+    assert not (tmp_path / "o" / "sub").exists()
+
+
+def test_sigkill_mid_run_leaves_no_partial_outputs(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    clips = ["LJ001-0002", "LJ001-0008", "LJ001-0013", "LJ001-0011", "LJ001-0004", "LJ001-0016"]
+    for clip in clips:
+        (folder / f"{clip}.wav").symlink_to(LJ / f"{clip}.wav")
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "asr_app.cli.transcribe", str(folder), "-o", str(out), "--format", "all",
+               "--quiet", "--mode", "off", *MODEL_ARGS]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while not list(out.glob("*.json")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()
+    survivors = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert 0 < len(survivors) < 4 * len(clips)  # killed after the first file and before the last
+    assert not [name for name in survivors if name.startswith(".")]  # no temporary leftovers
+
+    # Resume: only what is missing is done, and every file the killed run left is complete
+    # (byte-identical to what the resumed run writes for files it had to redo).
+    assert cli.main([str(folder), "-o", str(out), "--format", "all", "--skip-existing", "--quiet",
+                     "--mode", "off", *MODEL_ARGS]) == 0
+    finished = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(finished) == sorted(f"{c}.{fmt}" for c in clips for fmt in ("json", "srt", "txt", "vtt"))
+    for name, content in survivors.items():
+        stem, fmt = name.rsplit(".", 1)
+        if f"{stem}.json" in survivors:
+            # JSON is written last, so this file's outputs were all complete: they must parse.
+            text = content.decode()
+            {"json": json.loads, "srt": check_srt, "vtt": check_vtt, "txt": lambda t: t.endswith("\n")}[fmt](text)
+        else:
+            # Killed between formats: the resumed run redid the file; greedy decoding is
+            # deterministic, so a complete survivor is byte-identical to the redone one.
+            assert finished[name] == content, name
+    for clip in clips:
+        text = (out / f"{clip}.txt").read_text()
+        assert jiwer.wer(normalise(lj_text(clip)), normalise(text)) < 0.35, (clip, text)
+
+
+def test_duration_probe_handles_bad_file(tmp_path):
+    bad = tmp_path / "x.wav"
+    bad.write_text("nope")
+    assert cli._duration(bad) == 0.0
+    assert cli._duration(LJ / "LJ001-0002.wav") == pytest.approx(sf.info(str(LJ / "LJ001-0002.wav")).duration)
