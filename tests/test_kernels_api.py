@@ -159,6 +159,12 @@ def test_bad_input_gets_a_clear_error(change, message):
     assert message in str(info.value)
 
 
+def test_generator_on_the_wrong_device_is_refused():
+    fake_cuda_generator = type("FakeGenerator", (), {"device": torch.device("cuda")})()
+    with pytest.raises(ValueError, match="generator is on cuda"):
+        verify(*good_inputs(), generator=fake_cuda_generator)
+
+
 def test_unused_draft_slots_may_hold_padding():
     target, draft, tokens, _ = good_inputs()
     tokens[1, 1:] = -1  # row 1 uses one draft; the rest is padding

@@ -40,6 +40,9 @@ def verify(
     uses its first num_draft[b] drafts). ``temperature == 0`` or mode "greedy" verifies greedily.
     """
     _check_inputs(target_logits, draft_logits, draft_tokens, num_draft, mode, temperature, alpha, beta)
+    if generator is not None and generator.device.type != target_logits.device.type:
+        raise ValueError(f"the generator is on {generator.device} but the logits are on {target_logits.device}; "
+                         "create it with torch.Generator(device=logits.device)")
     use_triton = target_logits.is_cuda and HAS_TRITON
     if mode == "greedy" or temperature == 0:
         if use_triton:

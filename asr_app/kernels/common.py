@@ -46,14 +46,14 @@ def inverse_cdf_sample(weights: torch.Tensor, fallback: torch.Tensor, uniform: t
     ``cdf[i-1] <= u * total < cdf[i]``, so a zero-weight token can never be chosen. A row whose
     weights are all zero (a residual max(0, p - q) that vanished numerically) uses ``fallback``.
     """
-    w = weights.double()
-    empty = w.sum(dim=-1) <= 0
-    if bool(empty.any()):
-        w = torch.where(empty[:, None], fallback.double(), w)
-    cdf = w.cumsum(dim=-1)
+    empty = weights.sum(dim=-1, dtype=torch.float64) <= 0
+    # On CPU, skip the full-row select when no row needs it (reading the flag is free there).
+    if weights.is_cuda or bool(empty.any()):
+        weights = torch.where(empty[:, None], fallback, weights)
+    cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)
     threshold = uniform.double() * cdf[:, -1]
     index = torch.searchsorted(cdf, threshold[:, None], right=True)[:, 0]
-    return index.clamp_(max=w.shape[-1] - 1)
+    return index.clamp_(max=weights.shape[-1] - 1)
 
 
 def assemble_tokens(

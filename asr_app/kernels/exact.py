@@ -43,31 +43,33 @@ def verify_exact_torch(
     randomness: VerifyRandomness,
     temperature: float = 1.0,
 ) -> VerifyResult:
-    """PyTorch reference of the exact mode (same random numbers -> same tokens as the kernels)."""
+    """PyTorch reference of the exact mode (same random numbers -> same tokens as the kernels).
+
+    p and q come from ``torch.softmax`` (fused and the fastest route on CPU) where the kernels use
+    exp(z - logsumexp) from per-split partials: equal up to float rounding, which could flip an
+    accept decision or a draw only if a uniform fell within ~1e-7 of the boundary.
+    """
     batch, rows, _ = target_logits.shape
     gamma = rows - 1
     inv_temperature = 1.0 / temperature
-    zt = scaled_logits(target_logits, inv_temperature)
-    zd = scaled_logits(draft_logits, inv_temperature)
+    p = torch.softmax(scaled_logits(target_logits, inv_temperature), dim=-1)  # [B, g+1, V]
+    q = torch.softmax(scaled_logits(draft_logits, inv_temperature), dim=-1)  # [B, g, V]
     nd = clamp_num_draft(num_draft, gamma)
-    lse_t = torch.logsumexp(zt, dim=-1)  # [B, g+1]
-    lse_d = torch.logsumexp(zd, dim=-1)  # [B, g]
 
     # Acceptance needs p and q only at the drafted ids.
-    p_x = torch.exp(gather_at_drafts(zt[:, :gamma], draft_tokens) - lse_t[:, :gamma])
-    q_x = torch.exp(gather_at_drafts(zd, draft_tokens) - lse_d)
+    p_x = gather_at_drafts(p[:, :gamma], draft_tokens)
+    q_x = gather_at_drafts(q, draft_tokens)
     u = randomness.uniforms
     accept = (u[:, :gamma] * q_x.double() < p_x.double()) & draft_valid_mask(nd, gamma)
     n = leading_true_count(accept)
     rejected = n < nd
 
     # The one row that is sampled: residual after a rejection, the target itself otherwise.
-    rows_b = torch.arange(batch, device=zt.device)
-    p_n = torch.exp(zt[rows_b, n] - lse_t[rows_b, n][:, None])
+    rows_b = torch.arange(batch, device=p.device)
+    p_n = p[rows_b, n]
     weights = p_n
     if gamma > 0:
-        dn = n.clamp(max=gamma - 1)
-        q_n = torch.exp(zd[rows_b, dn] - lse_d[rows_b, dn][:, None])
+        q_n = q[rows_b, n.clamp(max=gamma - 1)]
         weights = torch.where(rejected[:, None], (p_n - q_n).clamp_min(0.0), p_n)
     next_token = inverse_cdf_sample(weights, p_n, u[:, gamma])
     return VerifyResult(tokens=assemble_tokens(draft_tokens, n, next_token), num_accepted=n)
