@@ -128,7 +128,7 @@ def test_sampling_kernels_with_default_parameters_bf16_temperature_and_strided_i
 def test_exact_and_sigmoid_agree_for_any_tiling(block_v, tiles):
     # Many splits and tiles per split: exercises the per-split partials and the split search.
     target, draft, tokens, nd, *_ = make_case(3, 5, 37, torch.float32, seed=block_v + tiles)
-    for seed in range(4):
+    for seed in range(2):
         rnd = draw_randomness(3, 5, CPU, torch.Generator().manual_seed(seed))
         assert_same(verify_exact_torch(target, draft, tokens, nd, rnd),
                     verify_exact_triton(target, draft, tokens, nd, rnd, block_v=block_v, tiles=tiles))

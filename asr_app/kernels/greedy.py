@@ -31,7 +31,9 @@ def verify_greedy_torch(
     batch, rows, _ = target_logits.shape
     gamma = rows - 1
     nd = clamp_num_draft(num_draft, gamma)
-    target_argmax = target_logits.argmax(dim=-1)  # [B, g+1]
+    # Half-precision argmax has no vectorised CPU kernel; the upcast is exact and several times faster.
+    logits = target_logits if target_logits.is_cuda else target_logits.float()
+    target_argmax = logits.argmax(dim=-1)  # [B, g+1]
     match = (draft_tokens[:, :gamma] == target_argmax[:, :gamma]) & draft_valid_mask(nd, gamma)
     n = leading_true_count(match)
     next_token = target_argmax[torch.arange(batch, device=target_logits.device), n]

@@ -1,0 +1,89 @@
+"""Every Triton kernel compiles for a real GPU (sm_90, Hopper) down to PTX and a cubin.
+
+The interpreter (used by the identity tests) executes kernels with NumPy and accepts some
+programs the compiler rejects (type mismatches of loop-carried values, unsupported ops), so this
+checks the other half: Triton's own compiler, which needs no GPU to produce PTX. It runs in a
+child process because conftest sets TRITON_INTERPRET=1 for this one, and under the interpreter
+``triton.jit`` gives functions the compiler cannot take.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asr_app.kernels import exact, greedy, sampling, sigmoid  # noqa: E402
+
+STRIDES = {"t_stride_b": "i32", "t_stride_c": "i32", "d_stride_b": "i32", "d_stride_c": "i32"}
+SIZES = {"vocab": "i32", "gamma": "i32", "num_splits": "i32"}
+LOGITS = {"target_ptr": "*fp16", "draft_ptr": "*fp16"}
+
+KERNELS = {
+    "exact-row-partials": (exact._row_partials_kernel, {
+        **LOGITS, "num_draft_ptr": "*i64", "partials_ptr": "*fp32", **STRIDES, **SIZES,
+        "inv_temperature": "fp32"}, {"BLOCK_V": 1024, "TILES": 4}),
+    "exact-accept": (exact._accept_kernel, {
+        **LOGITS, "draft_tokens_ptr": "*i64", "num_draft_ptr": "*i64", "uniforms_ptr": "*fp64",
+        "partials_ptr": "*fp32", "masses_ptr": "*fp64", "row_n_ptr": "*i32", "row_lse_ptr": "*fp32",
+        **STRIDES, "tok_stride_b": "i32", **SIZES, "inv_temperature": "fp32"},
+        {"BLOCK_V": 1024, "TILES": 4, "ROWS_BLOCK": 8, "SPLITS_BLOCK": 16}),
+    "sigmoid-accept": (sigmoid._accept_kernel, {
+        **LOGITS, "draft_tokens_ptr": "*i64", "num_draft_ptr": "*i64", "uniforms_ptr": "*fp64",
+        "masses_ptr": "*fp64", "row_n_ptr": "*i32", "row_lse_ptr": "*fp32", **STRIDES, "tok_stride_b": "i32",
+        **SIZES, "inv_temperature": "fp32", "alpha": "fp32", "inv_width": "fp32"},
+        {"BLOCK_V": 1024, "TILES": 4, "ROWS_BLOCK": 8}),
+    "greedy-argmax-partials": (greedy._argmax_partials_kernel, {
+        "target_ptr": "*bf16", "num_draft_ptr": "*i64", "best_val_ptr": "*fp32", "best_idx_ptr": "*i32",
+        "t_stride_b": "i32", "t_stride_c": "i32", **SIZES}, {"BLOCK_V": 1024, "TILES": 4}),
+    "greedy-finalize": (greedy._greedy_finalize_kernel, {
+        "draft_tokens_ptr": "*i64", "num_draft_ptr": "*i64", "best_val_ptr": "*fp32", "best_idx_ptr": "*i32",
+        "out_tokens_ptr": "*i64", "out_accepted_ptr": "*i64", "tok_stride_b": "i32", **SIZES},
+        {"ROWS_BLOCK": 8, "SPLITS_BLOCK": 16}),
+}
+for flag in (False, True):
+    KERNELS[f"finalize-sample-sigmoid={flag}"] = (sampling.finalize_sample_kernel, {
+        "target_ptr": "*fp32", "draft_ptr": "*fp32", "draft_tokens_ptr": "*i64", "uniforms_ptr": "*fp64",
+        "masses_ptr": "*fp64", "row_n_ptr": "*i32", "row_lse_ptr": "*fp32", "num_draft_ptr": "*i64",
+        "out_tokens_ptr": "*i64", "out_accepted_ptr": "*i64", **STRIDES, "tok_stride_b": "i32", **SIZES,
+        "inv_temperature": "fp32", "alpha": "fp32", "inv_width": "fp32"},
+        {"BLOCK_V": 1024, "TILES": 4, "SPLITS_BLOCK": 16, "OUT_BLOCK": 8, "SIGMOID": flag})
+
+
+def compile_all() -> None:
+    """Child process: compile each kernel, print one line per kernel, exit 1 if any failed."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    failed = 0
+    for name, (kernel, signature, constexprs) in KERNELS.items():
+        try:
+            assert set(signature) | set(constexprs) == set(kernel.arg_names), "signature must name every argument"
+            full_signature = {**signature, **{k: "constexpr" for k in constexprs}}
+            compiled = triton.compile(ASTSource(kernel, full_signature, constexprs=constexprs),
+                                      target=GPUTarget("cuda", 90, 32))
+            assert ".entry" in compiled.asm["ptx"] and len(compiled.asm["cubin"]) > 0
+            print(f"ok {name}")
+        except Exception as error:  # report every kernel, not just the first failure
+            failed += 1
+            print(f"FAILED {name}: {type(error).__name__}: {error}")
+    sys.exit(1 if failed else 0)
+
+
+def test_every_kernel_compiles_for_sm90():
+    pytest.importorskip("triton", reason="Triton is a Linux-only dependency")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    repo = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
+    child = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    report = child.stdout + child.stderr[-3000:]
+    assert child.returncode == 0, report
+    assert report.count("ok ") == len(KERNELS), report
+
+
+if __name__ == "__main__":
+    compile_all()
