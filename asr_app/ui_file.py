@@ -1,0 +1,209 @@
+"""File and Compare tabs: whole-clip transcription, and exact / sigmoid / baseline side by side.
+
+Plain functions over a `UiEngine`; `asr_app.ui` wires them to Gradio components. Bad input
+(not audio, empty, unreadable) comes back as a message in the result, never as an exception.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from asr_app.audio import SAMPLE_RATE, AudioLoadError, load_audio
+from asr_app.transcribe import transcribe
+from asr_app.ui_engine import COMPARE_MODES, UiEngine
+from asr_app.ui_text import basic_normalize, count_differences, word_diff, word_error_rate
+from asr_app.writers import write_outputs
+
+log = logging.getLogger(__name__)
+
+DOWNLOAD_FORMATS = ("srt", "vtt", "json")
+# Below this the encoder sees mostly padding and Whisper tends to invent words; say so.
+SHORT_CLIP_S = 0.3
+
+_downloads_root: Path | None = None
+
+
+def _downloads_dir() -> Path:
+    """A per-process folder for the SRT/VTT/JSON downloads (Gradio copies them to its cache)."""
+    global _downloads_root
+    if _downloads_root is None:
+        _downloads_root = Path(tempfile.mkdtemp(prefix="asr_app_ui_"))
+        atexit.register(shutil.rmtree, _downloads_root, ignore_errors=True)
+    return Path(tempfile.mkdtemp(dir=_downloads_root))
+
+
+def _load(path: str | Path | None) -> tuple[np.ndarray | None, str]:
+    """The clip as 16 kHz mono float32, or None and a message saying what is wrong with it."""
+    if path is None or str(path).strip() == "":
+        return None, "Upload or record an audio clip first."
+    try:
+        audio = load_audio(path)
+    except AudioLoadError as exc:
+        return None, f"Cannot use this file: {exc}"
+    if audio.size == 0:
+        return None, f"Cannot use this file: {Path(path).name} holds no audio"
+    return audio, ""
+
+
+def is_silent(audio: np.ndarray, threshold: float) -> bool:
+    """True when no 30 ms frame reaches `threshold` RMS: Whisper invents words ("you") on
+    silence, so the app does not decode it (the streaming processor gates the same way)."""
+    frame = 480
+    usable = audio[: audio.size - audio.size % frame].reshape(-1, frame) if audio.size >= frame else audio[None, :]
+    rms = np.sqrt(np.mean(np.square(usable, dtype=np.float64), axis=1))
+    return float(rms.max()) < threshold
+
+
+def _display_name(path: str | Path) -> str:
+    return Path(path).name
+
+
+@dataclass
+class FileOutcome:
+    message: str                                  # empty when all went well, else what to tell the user
+    text: str = ""
+    segments: list[list[str | float]] = field(default_factory=list)   # [start, end, text] rows
+    files: list[str] = field(default_factory=list)                     # SRT, VTT, JSON paths
+    stats: dict[str, float | int | str | None] = field(default_factory=dict)
+
+
+def _file_stats(transcript, audio_s: float, wall_s: float) -> dict:
+    """The transcript's decoding stats (summed over its windows) plus wall time and RTF."""
+    stats = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in transcript.stats.items()}
+    stats.update(audio_s=round(audio_s, 3), wall_s=round(wall_s, 3),
+                 real_time_factor=round(wall_s / audio_s, 3) if audio_s else None)
+    return stats
+
+
+def transcribe_file(engine: UiEngine, path: str | Path | None, mode: str, temperature: float) -> FileOutcome:
+    """Transcribe one uploaded/recorded clip with segment timestamps and downloadable subtitles."""
+    audio, problem = _load(path)
+    if audio is None:
+        return FileOutcome(message=problem)
+    try:
+        decoder = engine.session_decoder(mode, temperature, timestamps=True)
+    except ValueError as exc:
+        return FileOutcome(message=str(exc))
+    audio_s = audio.size / SAMPLE_RATE
+    if is_silent(audio, engine.streaming.energy_threshold):
+        return FileOutcome(message=f"No speech recognised in {_display_name(path)} ({audio_s:.1f} s): "
+                                   "the clip is silent.")
+    started = time.perf_counter()
+    try:
+        # The path (not the array) so the JSON names the uploaded file; the decoder's options apply.
+        transcript = transcribe(decoder, path)
+        files = write_outputs(transcript, _downloads_dir(), Path(path).stem or "transcript", DOWNLOAD_FORMATS)
+    except Exception as exc:  # shown in the page instead of a traceback
+        log.exception("transcription of %s failed", path)
+        return FileOutcome(message=f"Transcription of {_display_name(path)} failed: {type(exc).__name__}: {exc}")
+    wall_s = time.perf_counter() - started
+    segments = [[round(seg.start, 2), round(seg.end, 2), seg.text.strip()] for seg in transcript.segments]
+    text = transcript.text.strip()
+    message = ""
+    if not text:
+        message = f"No speech recognised in {_display_name(path)} ({audio_s:.1f} s)."
+    elif audio_s < SHORT_CLIP_S:
+        message = f"{_display_name(path)} is very short ({audio_s:.2f} s); the text may be unreliable."
+    return FileOutcome(message=message, text=text, segments=segments, files=[str(f) for f in files],
+                       stats=_file_stats(transcript, audio_s, wall_s))
+
+
+@dataclass
+class ModeRun:
+    mode: str
+    text: str
+    latency_s: float
+    acceptance_rate: float | None
+    verify_s: float
+    verify_steps: int
+    tokens_out: int
+    wer: float | None = None
+    differences: int = 0
+    highlighted: list[tuple[str, str | None]] = field(default_factory=list)
+
+
+@dataclass
+class CompareOutcome:
+    message: str
+    runs: list[ModeRun] = field(default_factory=list)
+    anchor: str = ""          # what the highlights are relative to
+
+    def table(self) -> list[list[str | float | None]]:
+        """Rows for the metrics table: mode, WER, latency, acceptance, verify time, differing words."""
+        return [[run.mode,
+                 None if run.wer is None else round(run.wer, 4),
+                 round(run.latency_s, 3),
+                 None if run.acceptance_rate is None else round(run.acceptance_rate, 4),
+                 round(run.verify_s * 1000, 2),
+                 run.verify_steps,
+                 run.differences] for run in self.runs]
+
+    def chart_rows(self) -> list[dict[str, str | float]]:
+        """Stacked bars per mode: the verification step's share of the decoding time and the rest."""
+        rows: list[dict[str, str | float]] = []
+        for run in self.runs:
+            rows.append({"mode": run.mode, "part": "verification step", "seconds": run.verify_s})
+            rows.append({"mode": run.mode, "part": "rest of decoding",
+                         "seconds": max(run.latency_s - run.verify_s, 0.0)})
+        return rows
+
+
+def compare_modes(engine: UiEngine, path: str | Path | None, reference: str | None,
+                  temperature: float) -> CompareOutcome:
+    """Decode one clip with exact, sigmoid and baseline (same seed) and line the results up."""
+    audio, problem = _load(path)
+    if audio is None:
+        return CompareOutcome(message=problem)
+    if not engine.has_draft:
+        return CompareOutcome(message="Compare needs a draft model; this app was launched target-only.")
+    if is_silent(audio, engine.streaming.energy_threshold):
+        return CompareOutcome(message=f"{_display_name(path)} is silent: nothing to compare.")
+    runs: list[ModeRun] = []
+    for mode in COMPARE_MODES:
+        try:
+            # profile_verify times every verification step (it adds syncs, so only here, not live).
+            decoder = engine.session_decoder(mode, temperature, profile_verify=True)
+            started = time.perf_counter()
+            transcript = transcribe(decoder, audio)
+            latency = time.perf_counter() - started
+        except Exception as exc:
+            log.exception("compare: mode %s failed on %s", mode, path)
+            return CompareOutcome(message=f"Mode {mode} failed on {_display_name(path)}: {type(exc).__name__}: {exc}")
+        text = transcript.text.strip()
+        usage = decoder.usage
+        runs.append(ModeRun(mode=mode, text=text, latency_s=latency, acceptance_rate=usage.acceptance_rate,
+                            verify_s=usage.verify_s, verify_steps=usage.verify_steps, tokens_out=usage.tokens_out))
+    reference = (reference or "").strip()
+    normalize = _normalizer(engine)
+    message = ""
+    if reference:
+        try:
+            for run in runs:
+                run.wer = word_error_rate(reference, run.text, normalize)
+        except ValueError as exc:
+            message = f"WER not computed: {exc}."
+    anchor_name = "the reference" if reference and not message else "baseline"
+    anchor = reference if anchor_name == "the reference" else next(r.text for r in runs if r.mode == "baseline")
+    for run in runs:
+        run.highlighted = word_diff(run.text, anchor)
+        run.differences = count_differences(run.highlighted)
+    if float(temperature) == 0.0:
+        note = "At temperature 0 all modes decode greedily, so their tokens must be identical."
+        message = f"{message} {note}".strip()
+    return CompareOutcome(message=message, runs=runs, anchor=anchor_name)
+
+
+def _normalizer(engine: UiEngine):
+    """Whisper's English normaliser (with the model's spelling map) when the tokenizer has one."""
+    tokenizer = getattr(engine.pair.processor, "tokenizer", None)
+    if tokenizer is not None and hasattr(tokenizer, "normalize"):
+        return tokenizer.normalize
+    return basic_normalize
