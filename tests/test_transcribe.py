@@ -15,6 +15,7 @@ import jiwer
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, LJSPEECH_DIR, REPO_ROOT, TINY_EN_DIR
 
 from asr_app.audio import SAMPLE_RATE, load_audio
@@ -36,6 +37,16 @@ def lj_text(clip_id: str) -> str:
 
 def normalise(text: str) -> str:
     return " ".join("".join(c for c in text.lower() if c.isalnum() or c in " '").split())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # On a small shared CPU torch's thread pool oversubscribes the cores: tiny.en's small matrices
+    # ran about 5x slower with 2 threads than with 1 on the 2-core test machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +245,7 @@ def test_sigkill_mid_run_leaves_no_partial_outputs(tmp_path):
     out = tmp_path / "out"
     command = [sys.executable, "-m", "asr_app.cli.transcribe", str(folder), "-o", str(out), "--format", "all",
                "--quiet", "--mode", "off", *MODEL_ARGS]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 240
