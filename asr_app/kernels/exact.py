@@ -34,6 +34,11 @@ from .sampling import finalize_sample_kernel, split_masses
 from .triton_support import last_dim_contiguous, launch_geometry, leading_accepts, next_power_of_2, tl, triton
 from .types import VerifyRandomness, VerifyResult
 
+# Rows are independent and their random numbers are drawn up front, so the CPU path may work
+# through the batch in chunks: probability tensors above ~32 MB are fresh mmaps whose page faults
+# cost more than the softmax itself (B=16, g=20, V=51864 would be 140 MB at once).
+_CHUNK_BYTES = 16 * 2**20
+
 
 def verify_exact_torch(
     target_logits: torch.Tensor,
@@ -49,6 +54,22 @@ def verify_exact_torch(
     exp(z - logsumexp) from per-split partials: equal up to float rounding, which could flip an
     accept decision or a draw only if a uniform fell within ~1e-7 of the boundary.
     """
+    batch, rows, vocab = target_logits.shape
+    per_row = (2 * rows) * vocab * 4
+    chunk = max(1, _CHUNK_BYTES // per_row)
+    if target_logits.is_cuda or batch <= chunk:
+        return _verify_exact_rows(target_logits, draft_logits, draft_tokens, num_draft, randomness.uniforms,
+                                  temperature)
+    parts = [
+        _verify_exact_rows(target_logits[i : i + chunk], draft_logits[i : i + chunk], draft_tokens[i : i + chunk],
+                           num_draft[i : i + chunk], randomness.uniforms[i : i + chunk], temperature)
+        for i in range(0, batch, chunk)
+    ]
+    return VerifyResult(tokens=torch.cat([r.tokens for r in parts]),
+                        num_accepted=torch.cat([r.num_accepted for r in parts]))
+
+
+def _verify_exact_rows(target_logits, draft_logits, draft_tokens, num_draft, u, temperature) -> VerifyResult:
     batch, rows, _ = target_logits.shape
     gamma = rows - 1
     inv_temperature = 1.0 / temperature
@@ -59,7 +80,6 @@ def verify_exact_torch(
     # Acceptance needs p and q only at the drafted ids.
     p_x = gather_at_drafts(p[:, :gamma], draft_tokens)
     q_x = gather_at_drafts(q, draft_tokens)
-    u = randomness.uniforms
     accept = (u[:, :gamma] * q_x.double() < p_x.double()) & draft_valid_mask(nd, gamma)
     n = leading_true_count(accept)
     rejected = n < nd
