@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import jiwer
 import pytest
@@ -15,7 +14,31 @@ from asr_app.eval.datasets import load_dataset
 from asr_app.eval.runner import mode_specs, run_evaluation
 from asr_app.eval.wer import english_normalizer, spelling_map_from_dir
 
+SPLIT = LIBRISPEECH_DIR / "LibriSpeech" / "test-clean"
+SHORT_IDS = ("1089-134686-0001", "1089-134691-0000")  # the two shortest shared clips (3.3 s, 2.1 s)
 MODEL_ARGS = ["--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR), "--device", "cpu", "--dtype", "float32"]
+
+
+def _references() -> dict[str, str]:
+    return {u.id: u.reference for u in load_dataset("librispeech", LIBRISPEECH_DIR)}
+
+
+def librispeech_subset(root, ids, references=None, corrupt=()):
+    """A LibriSpeech layout under `root` with only `ids`: the shared .flac files are linked, not copied;
+    ids in `corrupt` get a file of garbage bytes instead."""
+    references = references or _references()
+    for utt_id in ids:
+        spk, chapter, _ = utt_id.split("-")
+        folder = root / "LibriSpeech" / "test-clean" / spk / chapter
+        folder.mkdir(parents=True, exist_ok=True)
+        flac = folder / f"{utt_id}.flac"
+        if utt_id in corrupt:
+            flac.write_bytes(b"fLaC" + b"\x00garbage" * 50)
+        else:
+            flac.symlink_to(SPLIT / spk / chapter / f"{utt_id}.flac")
+        with (folder / f"{spk}-{chapter}.trans.txt").open("a") as fh:
+            fh.write(f"{utt_id} {references[utt_id]}".rstrip() + "\n")
+    return root
 
 
 @pytest.fixture(scope="module")
@@ -34,17 +57,20 @@ def normalizer():
 
 def test_two_mode_sampling_run_writes_all_outputs(tmp_path, capsys):
     out = tmp_path / "eval"
-    rc = main(["--dataset", "librispeech", "--data-dir", str(LIBRISPEECH_DIR), "--modes", "baseline,sigmoid",
-               "--sweep-scale", "1e4", "--max-samples", "2", "--temperature", "1.0", "--seed", "0",
+    data = librispeech_subset(tmp_path / "data", SHORT_IDS)
+    # baseline and exact both sample from the target's distribution; sigmoid at temperature 1 samples from a
+    # near-uniform draft distribution and runs to max_new_tokens, too slow for a test (it runs greedy below).
+    rc = main(["--dataset", "librispeech", "--data-dir", str(data), "--modes", "baseline,exact",
+               "--max-samples", "2", "--temperature", "1.0", "--seed", "0",
                "--output-dir", str(out), "--no-progress", *MODEL_ARGS])
     assert rc == 0
     printed = capsys.readouterr().out
-    assert "WER baseline" in printed and "Δ% profiling time sigmoid" in printed
+    assert "WER baseline" in printed and "Δ% profiling time exact" in printed
 
     lines = (out / "utterances.jsonl").read_text().splitlines()
     records = [json.loads(x) for x in lines]
-    assert [r["id"] for r in records] == ["1089-134686-0000", "1089-134686-0001"]
-    labels = ["baseline", "sigmoid", "sigmoid@1e4"]
+    assert [r["id"] for r in records] == list(SHORT_IDS)
+    labels = ["baseline", "exact"]
     for r in records:
         assert r["error"] is None and r["duration_s"] > 1.0
         assert sorted(r["runs"]) == sorted(labels)
@@ -69,12 +95,12 @@ def test_two_mode_sampling_run_writes_all_outputs(tmp_path, capsys):
         assert s["verify_profiled_s"] == pytest.approx(sum(r["runs"][label]["verify_profiled_s"] for r in records))
         assert s["peak_memory_bytes"] > 0
     base = summary["summaries"]["baseline"]["verify_profiled_s"]
-    sig = summary["summaries"]["sigmoid"]["verify_profiled_s"]
-    assert summary["summaries"]["sigmoid"]["verify_delta_pct"] == pytest.approx((sig - base) / base * 100)
+    exact = summary["summaries"]["exact"]["verify_profiled_s"]
+    assert summary["summaries"]["exact"]["verify_delta_pct"] == pytest.approx((exact - base) / base * 100)
     assert summary["summaries"]["baseline"]["verify_delta_pct"] == pytest.approx(0.0)
 
     report = (out / "report.md").read_text()
-    assert "## Table 1 (paper shape)" in report and "Sigmoid scale sweep" in report
+    assert "## Table 1 (paper shape)" in report and "Sigmoid scale sweep" not in report
     assert "LibriSpeech test-clean (2 utt.)" in report
     for png in ("wer_vs_latency.png", "verify_time_vs_gamma.png", "acceptance_histogram.png"):
         data = (out / png).read_bytes()
@@ -82,8 +108,8 @@ def test_two_mode_sampling_run_writes_all_outputs(tmp_path, capsys):
         assert f"]({png})" in report
 
 
-def test_greedy_gives_identical_hypotheses_across_modes(decoder, normalizer):
-    utts = load_dataset("librispeech", LIBRISPEECH_DIR, max_samples=2)
+def test_greedy_gives_identical_hypotheses_across_modes(decoder, normalizer, tmp_path):
+    utts = load_dataset("librispeech", librispeech_subset(tmp_path, SHORT_IDS))
     specs = mode_specs(decoder.options, ["off", "baseline", "exact", "sigmoid"])
     run = run_evaluation(decoder, utts, specs, normalizer, warmup=0, profile="off", progress=False)
     for record in run.records:
@@ -95,19 +121,17 @@ def test_greedy_gives_identical_hypotheses_across_modes(decoder, normalizer):
     assert [by[m].equal_to_baseline for m in ("off", "exact", "sigmoid")] == [1.0, 1.0, 1.0]
     assert len({by[m].wer.wer for m in by}) == 1
     # tiny.en reads these two clips nearly perfectly; a broken pipeline would not.
-    assert by["baseline"].wer.wer < 0.15
+    assert by["baseline"].wer.wer < 0.3
 
 
-def test_corrupt_audio_and_empty_reference_are_reported(tmp_path, capsys):
-    data = tmp_path / "LibriSpeech" / "test-clean"
-    shutil.copytree(LIBRISPEECH_DIR / "LibriSpeech" / "test-clean", data)
-    corrupt = data / "1089" / "134686" / "1089-134686-0001.flac"
-    corrupt.write_bytes(b"fLaC" + b"\x00garbage" * 50)
-    trans = data / "1089" / "134691" / "1089-134691.trans.txt"
-    trans.write_text("1089-134691-0000\n1089-134691-0001 FOR A FULL HOUR HE HAD PACED UP AND DOWN\n")
+def test_corrupt_audio_empty_reference_and_greedy_sweep(tmp_path, capsys):
+    refs = _references() | {"1089-134691-0000": ""}
+    ids = ("1089-134686-0001", "1089-134691-0000", "1089-134691-0001")
+    data = librispeech_subset(tmp_path / "data", ids, references=refs, corrupt={"1089-134686-0001"})
+    corrupt = data / "LibriSpeech" / "test-clean" / "1089" / "134686" / "1089-134686-0001.flac"
     out = tmp_path / "out"
-    rc = main(["--data-dir", str(tmp_path), "--modes", "baseline", "--temperature", "0", "--max-samples", "3",
-               "--profile", "off", "--warmup", "0", "--output-dir", str(out), "--no-progress", *MODEL_ARGS])
+    rc = main(["--data-dir", str(data), "--modes", "baseline", "--sweep-scale", "1e1", "--temperature", "0", "--profile", "inline", "--warmup", "0", "--output-dir", str(out),
+               "--no-progress", *MODEL_ARGS])
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["utterances_total"] == 3 and summary["utterances_excluded"] == 1
@@ -121,10 +145,15 @@ def test_corrupt_audio_and_empty_reference_are_reported(tmp_path, capsys):
     assert empty_hyp_words > 0  # the clip has speech: its words count as insertions
     wer = summary["summaries"]["baseline"]["wer"]
     assert wer["empty_references"] == 1 and wer["utterances"] == 2
-    assert wer["reference_words"] == len(records["1089-134686-0000"]["reference_normalized"].split())
+    assert wer["reference_words"] == len(records["1089-134691-0001"]["reference_normalized"].split())
     assert wer["insertions"] >= empty_hyp_words
     report = (out / "report.md").read_text()
     assert "## Excluded utterances" in report and "1089-134686-0001" in report
+    # The sweep brought in the baseline it is compared with; greedy makes every variant agree with it.
+    assert summary["modes"] == ["baseline", "sigmoid@1e1"]
+    sweep = summary["summaries"]["sigmoid@1e1"]
+    assert (sweep["alpha"], sweep["beta"], sweep["equal_to_baseline"]) == (-10.0, 10.0, 1.0)
+    assert sweep["verify_delta_pct"] is not None and "Sigmoid scale sweep" in report and "| 1e+01 |" in report
     assert "1 utterance(s) excluded" in capsys.readouterr().out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import logging
 import platform
@@ -70,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output-dir", type=Path, default=None,
                      help="where to write utterances.jsonl, summary.json, report.md and plots "
                      "(default: asr-eval-results/<dataset>-<UTC time>)")
+    run.add_argument("--max-new-tokens", type=int, default=None,
+                     help="cap on generated tokens per utterance (default: the decoder's, 224)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_model_args(parser)
     # The evaluator's default comparison is the paper's: sampling at temperature 1.0.
@@ -86,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--modes: unknown mode(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(MODES)}")
     if args.max_samples is not None and args.max_samples < 1:
         parser.error("--max-samples must be >= 1")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        parser.error("--max-new-tokens must be >= 1")
     try:
         utterances = load_dataset(args.dataset, args.data_dir, split=args.split, max_samples=args.max_samples)
     except DatasetError as exc:
@@ -100,8 +105,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asr-eval: error: cannot load the models: {exc}", file=sys.stderr)
         return 2
     pair = decoder.pair
+    needs_draft = [m for m in args.modes if m != "off"] + (["sigmoid"] if args.sweep_scale else [])
+    if pair.draft is None and needs_draft:
+        print(f"asr-eval: error: mode(s) {', '.join(dict.fromkeys(needs_draft))} need a draft model, and "
+              f"{pair.target_name} was loaded without one; pass --draft DIR|derived, or --modes off", file=sys.stderr)
+        return 2
     normalizer, has_spelling = normalizer_for_tokenizer(pair.processor.tokenizer, pair.target_name)
-    specs = mode_specs(decoder.options, args.modes, args.sweep_scale)
+    base = decoder.options
+    if args.max_new_tokens is not None:
+        base = dataclasses.replace(base, max_new_tokens=args.max_new_tokens)
+    specs = mode_specs(base, args.modes, args.sweep_scale)
 
     out_dir = args.output_dir or Path("asr-eval-results") / (
         f"{args.dataset}-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}")
@@ -134,6 +147,7 @@ def run_metadata(args: argparse.Namespace, decoder, utterances, has_spelling: bo
         "temperature": options.temperature,
         "seed": options.seed,
         "gamma": options.gamma if options.gamma is not None else "heuristic",
+        "max_new_tokens": args.max_new_tokens or options.max_new_tokens,
         "alpha": options.alpha,
         "beta": options.beta,
         "spelling_map": has_spelling,
