@@ -41,6 +41,15 @@ def librispeech_subset(root, ids, references=None, corrupt=()):
     return root
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # tiny.en's small matrices run several times faster on one thread than on a shared 2-core pool.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def decoder():
     from asr_app.decoding import DecodingOptions, SpeculativeDecoder

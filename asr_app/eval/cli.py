@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default: asr-eval-results/<dataset>-<UTC time>)")
     run.add_argument("--max-new-tokens", type=int, default=None,
                      help="cap on generated tokens per utterance (default: the decoder's, 224)")
+    run.add_argument("--threads", type=int, default=None,
+                     help="torch CPU threads (default: torch's choice; 1 is often fastest for tiny models on small CPUs)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_model_args(parser)
     # The evaluator's default comparison is the paper's: sampling at temperature 1.0.
@@ -99,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from asr_app.cli.common import decoder_from_args
 
+    if args.threads is not None:
+        torch.set_num_threads(max(1, args.threads))
     try:
         decoder = decoder_from_args(args)
     except (OSError, ValueError, RuntimeError) as exc:  # ModelLoadError is a RuntimeError
@@ -152,6 +156,7 @@ def run_metadata(args: argparse.Namespace, decoder, utterances, has_spelling: bo
         "beta": options.beta,
         "spelling_map": has_spelling,
         "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
         "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
 
