@@ -77,8 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="torch CPU threads (default: torch's choice; 1 is often fastest for tiny models on small CPUs)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_model_args(parser)
-    # The evaluator's default comparison is the paper's: sampling at temperature 1.0.
-    parser.set_defaults(temperature=1.0)
+    # The evaluator's default comparison is the paper's: sampling at temperature 1.0. It compares the
+    # modes given by --modes, so the shared single --mode is hidden (and refused when given).
+    parser.set_defaults(temperature=1.0, mode=None)
+    for action in parser._actions:
+        if action.dest == "temperature":
+            action.help = "sampling temperature (default 1.0, the paper's comparison); 0 = greedy"
+        elif action.dest == "mode":
+            action.help = argparse.SUPPRESS
     return parser
 
 
@@ -86,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.mode is not None:
+        parser.error("asr-eval compares several modes: use --modes (comma-separated), not --mode")
+    # Only a target-only comparison may skip loading the draft.
+    args.mode = "off" if set(args.modes) == {"off"} and not args.sweep_scale else "exact"
     unknown = [m for m in args.modes if m not in MODES]
     if unknown or not args.modes:
         parser.error(f"--modes: unknown mode(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(MODES)}")

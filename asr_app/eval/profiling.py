@@ -47,10 +47,12 @@ def profile_verify_step(device: torch.device) -> Iterator[VerifyProfile]:
     for event in prof.events():
         if event.name != VERIFY_LABEL:
             continue
-        # With CUDA the same label also appears as a GPU-side annotation; count the ranges once.
-        if str(getattr(event, "device_type", "")).endswith("CPU"):
-            result.calls += 1
-            cpu_us += event.cpu_time_total
+        # With CUDA the label also appears as a GPU-side annotation; count only the CPU-side ranges,
+        # whose device time is the time of the kernels launched inside them.
+        if not str(getattr(event, "device_type", "")).endswith("CPU"):
+            continue
+        result.calls += 1
+        cpu_us += event.cpu_time_total
         device_us += getattr(event, "device_time_total", 0.0) or 0.0
     if on_cuda and device_us > 0:
         result.seconds = device_us / 1e6
