@@ -303,7 +303,7 @@ class StreamingProcessor:
             return [], [], True, None
         words = words_from_segments(result.segments, self._buffer_start, self.buffer_seconds)
         stats = getattr(result, "stats", None)
-        acceptance = getattr(stats, "acceptance_rate", None) if stats is not None else None
+        acceptance = stats.acceptance_rate if stats is not None and getattr(stats, "drafted", 0) else None
         return words, list(result.segments), False, acceptance
 
     def _step(self, final: bool) -> list[StreamEvent]:
@@ -346,9 +346,13 @@ def latency_report(events: Sequence[StreamEvent], audio_seconds: float,
     """whisper_streaming's latency: per committed word, emission time minus the word's end in the audio.
 
     first_partial_s: emission of the first event showing any text minus the end of its first word.
+    audio_lag_*: the same per-word latency in audio time (audio received at emission minus the word's
+    end): with a source that is not paced (`FileSource(realtime=False)`) this is the latency of the
+    commit policy alone, as on an infinitely fast machine.
     rtf: decoding compute time / audio duration.
     """
     finalization = [ev.emitted_at - w.end for ev in events if ev.kind == "commit" for w in ev.words]
+    lag = np.asarray([ev.audio_received - w.end for ev in events if ev.kind == "commit" for w in ev.words])
     first = next((ev for ev in events if ev.words), None)
     arr = np.asarray(finalization, dtype=np.float64)
     return {
@@ -357,5 +361,7 @@ def latency_report(events: Sequence[StreamEvent], audio_seconds: float,
         "finalization_p50_s": float(np.percentile(arr, 50)) if arr.size else None,
         "finalization_p90_s": float(np.percentile(arr, 90)) if arr.size else None,
         "finalization_max_s": float(arr.max()) if arr.size else None,
+        "audio_lag_p50_s": float(np.percentile(lag, 50)) if lag.size else None,
+        "audio_lag_p90_s": float(np.percentile(lag, 90)) if lag.size else None,
         "rtf": compute_seconds / audio_seconds if audio_seconds > 0 else None,
     }

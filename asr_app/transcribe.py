@@ -219,9 +219,10 @@ def _decode_round(decoder: Any, jobs: list[_LongForm], decoding: DecodingOptions
     started = time.perf_counter()
     try:
         results = decoder.decode(windows, decoding, prompts=prompts)
-    except Exception:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001
         if len(jobs) == 1:
-            raise
+            yield jobs[0], RuntimeError(f"{jobs[0].source}: decoding failed ({type(exc).__name__}: {exc})")
+            return
         for job, window, prompt in zip(jobs, windows, prompts):
             t0 = time.perf_counter()
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jiwer
 import numpy as np
@@ -111,7 +112,7 @@ def lj_text(clip_id: str) -> str:
 
 
 def normalise(text: str) -> str:
-    return " ".join("".join(c for c in text.lower() if c.isalnum() or c in " '").split())
+    return " ".join("".join(c for c in " ".join(text.split()).lower() if c.isalnum() or c in " '").split())
 
 
 def run_stream(decoder, audio, options=StreamingOptions()):
@@ -176,3 +177,52 @@ def test_silence_yields_no_text(decoder):
     assert all(e.text == "" for e in events)
     assert processor.steps and all(s.skipped_silence for s in processor.steps)
     assert processor.buffer_seconds <= 1.5  # silent audio is not kept
+
+
+# -- asr-stream --------------------------------------------------------------------------
+
+MODEL_ARGS = ["--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR), "--device", "cpu"]
+
+
+@pytest.fixture
+def stream_cli(monkeypatch, decoder):
+    from asr_app.cli import stream
+
+    def from_args(args):  # reuse the loaded tiny.en, after checking the CLI asked for it
+        assert args.target == str(TINY_EN_DIR) and args.mode == decoder.options.mode
+        return decoder
+    monkeypatch.setattr(stream, "decoder_from_args", from_args)
+    return stream
+
+
+def test_asr_stream_jsonl_events(stream_cli, capsys):
+    clip = LJSPEECH_DIR / "wavs" / "LJ001-0002.wav"  # "in being comparatively modern."
+    assert stream_cli.main(["--simulate", str(clip), "--fast", "--jsonl", "--step", "1", *MODEL_ARGS]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {e["kind"] for e in events} <= {"commit", "partial"}
+    committed = " ".join(e["text"] for e in events if e["kind"] == "commit")
+    assert normalise(committed) == "in being comparatively modern"
+    assert [e["emitted_at"] for e in events] == sorted(e["emitted_at"] for e in events)
+
+
+def test_asr_stream_ctrl_c_flushes_last_words(stream_cli, capsys, monkeypatch):
+    import asr_app.audio
+
+    class InterruptedSource(FileSource):
+        """Ctrl-C arrives after 5 s of jfk.flac, while the words are still unconfirmed."""
+        def __iter__(self):
+            for block in super().__iter__():
+                yield block
+                if self._sent(block) >= 5.0:
+                    raise KeyboardInterrupt
+
+        def _sent(self, block):
+            self.sent = getattr(self, "sent", 0.0) + block.size / SAMPLE_RATE
+            return self.sent
+
+    monkeypatch.setattr(asr_app.audio, "FileSource", InterruptedSource)
+    status = stream_cli.main(["--simulate", str(JFK_FLAC), "--fast", "--plain", "--step", "2", *MODEL_ARGS])
+    assert status == 0
+    text = normalise(capsys.readouterr().out)
+    # Everything said in the first 5 s is printed, including what was not yet agreed on.
+    assert text.startswith("and so my fellow americans ask not") and "country can do for you" not in text

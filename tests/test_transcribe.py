@@ -36,7 +36,7 @@ def lj_text(clip_id: str) -> str:
 
 
 def normalise(text: str) -> str:
-    return " ".join("".join(c for c in text.lower() if c.isalnum() or c in " '").split())
+    return " ".join("".join(c for c in " ".join(text.split()).lower() if c.isalnum() or c in " '").split())
 
 
 @pytest.fixture(scope="module", autouse=True)

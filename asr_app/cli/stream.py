@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--jsonl", action="store_true", help="print every event as a JSON line")
     output.add_argument("--plain", action="store_true", help="only committed text, one line per commit")
     parser.add_argument("--stats", action="store_true", help="print latency/RTF statistics to stderr at the end")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's choice; 1 is often fastest for tiny models "
+                             "on a small or busy CPU)")
     add_model_args(parser)
     return parser
 
@@ -92,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     except (AudioLoadError, MicrophoneError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(max(1, args.threads))
     try:
         decoder = decoder_from_args(args)
     except Exception as exc:  # noqa: BLE001 - model problems are the user's to fix, not a traceback
@@ -115,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         pass  # stop listening; the words still in the buffer are flushed below
     except MicrophoneError as exc:
         print(f"\nerror: {exc}", file=sys.stderr)
-    final = processor.finish()
+    try:
+        final = processor.finish()
+    except KeyboardInterrupt:  # a second Ctrl-C: give up on the last words
+        printer.close()
+        return 130
     events.extend(final)
     printer(final)
     printer.close()

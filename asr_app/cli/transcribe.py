@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="skip files whose outputs all exist already (resume an interrupted run)")
     parser.add_argument("--batch-size", type=int, default=1, help="files decoded together (default 1)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's choice; 1 is often fastest for tiny models "
+                             "on a small or busy CPU)")
     add_model_args(parser)
     if "--language" not in parser._option_string_actions:  # common.py may or may not define it
         parser.add_argument("--language", default="en", help="spoken language (default en)")
@@ -107,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     # Imported here so that argument errors and "nothing to do" stay instant.
     from asr_app.transcribe import TranscribeOptions, transcribe_many
 
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(max(1, args.threads))
     try:
         decoder = decoder_from_args(args)
     except Exception as exc:  # noqa: BLE001 - model problems are the user's to fix, not a traceback

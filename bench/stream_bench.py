@@ -1,0 +1,209 @@
+"""Streaming benchmark: simulated real-time streaming of real clips through StreamingProcessor.
+
+For each decoding mode (default: off and exact) and each clip, the clip is played at real-time
+pace by FileSource (0.1 s blocks), fed to a StreamingProcessor re-decoding every --step
+seconds, and finished. Reported per mode, following whisper_streaming's definitions:
+
+- first-partial latency: emission time of the first event showing text minus the end (in the
+  audio) of its first word; median over clips;
+- finalization latency: for every committed word, emission time minus the word's end time in
+  the audio; p50/p90 over all words of all clips (word end times are interpolated inside
+  Whisper's timestamped segments, see asr_app/streaming.py);
+- RTF: decoding compute time / audio duration;
+- WER of the committed text vs the offline long-form transcript of the same clip (and vs the
+  human reference where the dataset has one), after Whisper's English normaliser.
+
+Example (CPU, tiny.en with its distilled draft):
+    python bench/stream_bench.py --modes off,exact --step 1.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from asr_app.audio import FileSource, load_audio  # noqa: E402
+from asr_app.decoding import DecodingOptions, SpeculativeDecoder  # noqa: E402
+from asr_app.models import load_pair  # noqa: E402
+from asr_app.streaming import StreamingOptions, StreamingProcessor, latency_report  # noqa: E402
+from asr_app.transcribe import transcribe  # noqa: E402
+
+SHARED = Path(os.environ.get("ASR_SHARED_DIR", REPO.parent / "shared"))
+LIBRI = SHARED / "audio" / "librispeech" / "LibriSpeech" / "test-clean" / "1089"
+DEFAULT_CLIPS = [
+    SHARED / "audio" / "jfk" / "jfk.flac",
+    LIBRI / "134686" / "1089-134686-0000.flac",
+    LIBRI / "134691" / "1089-134691-0001.flac",
+    SHARED / "audio" / "ljspeech" / "wavs" / "LJ001-0001.wav",
+]
+
+
+def reference_text(path: Path) -> str | None:
+    """Human transcript for the shared clips (jfk.txt, LibriSpeech trans.txt, LJSpeech metadata)."""
+    if path.name == "jfk.flac":
+        return (path.parent / "jfk.txt").read_text().strip()
+    trans = list(path.parent.glob("*.trans.txt"))
+    if trans:
+        for line in trans[0].read_text().splitlines():
+            key, _, text = line.partition(" ")
+            if key == path.stem:
+                return text
+    meta = path.parent.parent / "metadata.csv"
+    if meta.is_file():
+        for line in meta.read_text().splitlines():
+            key, _, text = line.partition("|")
+            if key == path.stem:
+                return text
+    return None
+
+
+def wer(refs: list[str], hyps: list[str], normalise) -> float:
+    import jiwer
+
+    pairs = [(normalise(r), normalise(h)) for r, h in zip(refs, hyps)]
+    pairs = [(r, h) for r, h in pairs if r.strip()]
+    return jiwer.wer([r for r, _ in pairs], [h for _, h in pairs]) if pairs else float("nan")
+
+
+def stream_clip(decoder, audio: np.ndarray, options: StreamingOptions, realtime: bool) -> dict:
+    processor = StreamingProcessor(decoder, options)
+    events = []
+    for block in FileSource(audio, block_s=0.1, realtime=realtime):
+        processor.insert_audio(block)
+        events.extend(processor.process())
+    events.extend(processor.finish())
+    compute = sum(s.compute_s for s in processor.steps)
+    report = latency_report(events, processor.audio_seconds, compute)
+    rates = [s.acceptance_rate for s in processor.steps if s.acceptance_rate is not None]
+    return {
+        "audio_s": processor.audio_seconds,
+        "compute_s": compute,
+        "decodes": len(processor.steps),
+        "max_buffer_s": max((s.buffer_end - s.buffer_start for s in processor.steps), default=0.0),
+        "acceptance_rate": statistics.fmean(rates) if rates else None,
+        "word_latencies": [ev.emitted_at - w.end for ev in events if ev.kind == "commit" for w in ev.words],
+        "audio_lags": [ev.audio_received - w.end for ev in events if ev.kind == "commit" for w in ev.words],
+        "committed": processor.committed_text,
+        **report,
+    }
+
+
+def run(args: argparse.Namespace) -> dict:
+    from asr_app.eval.wer import english_normalizer
+
+    normalise = english_normalizer()
+    pair = load_pair(target=args.target, draft=args.draft, device=args.device)
+    clips = [Path(c) for c in args.clips] if args.clips else DEFAULT_CLIPS
+    audios = {c: load_audio(c) for c in clips}
+    results: dict = {"modes": {}}
+    for mode in args.modes.split(","):
+        decoder = SpeculativeDecoder(pair, DecodingOptions(mode=mode))
+        decoder.decode([audios[clips[0]][:16000]])  # warm-up: first-call allocations are not streaming latency
+        per_clip = []
+        for clip in clips:
+            offline = transcribe(decoder, audios[clip]).text
+            streamed = stream_clip(decoder, audios[clip], StreamingOptions(step_s=args.step), not args.fast)
+            streamed.update(clip=clip.name, offline=offline, reference=reference_text(clip))
+            if not args.fast and not args.no_policy:
+                # The same stream unpaced: the commit policy's own latency, without compute delays.
+                unpaced = stream_clip(decoder, audios[clip], StreamingOptions(step_s=args.step), False)
+                streamed["policy_lags"] = [x for x in unpaced["audio_lags"]]
+            per_clip.append(streamed)
+            print(f"[{mode}] {clip.name}: {streamed['words']} words, p90 {streamed['finalization_p90_s']:.2f} s, "
+                  f"RTF {streamed['rtf']:.2f}", file=sys.stderr)
+        latencies = [x for c in per_clip for x in c["word_latencies"]]
+        policy = [x for c in per_clip for x in c.get("policy_lags", [])]
+        firsts = [c["first_partial_s"] for c in per_clip if c["first_partial_s"] is not None]
+        with_ref = [c for c in per_clip if c["reference"]]
+        rates = [c["acceptance_rate"] for c in per_clip if c["acceptance_rate"] is not None]
+        results["modes"][mode] = {
+            "clips": len(per_clip),
+            "audio_s": sum(c["audio_s"] for c in per_clip),
+            "words": len(latencies),
+            "first_partial_median_s": statistics.median(firsts) if firsts else None,
+            "finalization_p50_s": float(np.percentile(latencies, 50)) if latencies else None,
+            "finalization_p90_s": float(np.percentile(latencies, 90)) if latencies else None,
+            "policy_p50_s": float(np.percentile(policy, 50)) if policy else None,
+            "policy_p90_s": float(np.percentile(policy, 90)) if policy else None,
+            "rtf": sum(c["compute_s"] for c in per_clip) / sum(c["audio_s"] for c in per_clip),
+            "wer_vs_offline": wer([c["offline"] for c in per_clip], [c["committed"] for c in per_clip], normalise),
+            "wer_offline_vs_reference": wer([c["reference"] for c in with_ref], [c["offline"] for c in with_ref],
+                                            normalise),
+            "wer_stream_vs_reference": wer([c["reference"] for c in with_ref], [c["committed"] for c in with_ref],
+                                           normalise),
+            "acceptance_rate": statistics.fmean(rates) if rates else None,
+            "per_clip": [{k: v for k, v in c.items() if k not in ("word_latencies", "audio_lags", "policy_lags")}
+                         for c in per_clip],
+        }
+    return results
+
+
+def table(results: dict, step: float) -> str:
+    head = ("mode", "words", "first partial s", "final p50 s", "final p90 s", "policy p50/p90 s", "RTF", "WER vs offline",
+            "WER stream/ref", "WER offline/ref", "accept")
+    rows = [head]
+    for mode, r in results["modes"].items():
+        def f(x, d=2):
+            return "-" if x is None else f"{x:.{d}f}"
+        rows.append((mode, str(r["words"]), f(r["first_partial_median_s"]), f(r["finalization_p50_s"]),
+                     f(r["finalization_p90_s"]), f(r["policy_p50_s"]) + "/" + f(r["policy_p90_s"]), f(r["rtf"]), f(100 * r["wer_vs_offline"], 1) + "%",
+                     f(100 * r["wer_stream_vs_reference"], 1) + "%", f(100 * r["wer_offline_vs_reference"], 1) + "%",
+                     f(r["acceptance_rate"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return f"streaming, step {step:g} s, target p90 < 2.5 s\n" + "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", default="off,exact")
+    parser.add_argument("--step", type=float, default=1.0)
+    parser.add_argument("--fast", action="store_true", help="no real-time pacing (latencies then meaningless)")
+    parser.add_argument("--no-policy", action="store_true",
+                        help="skip the unpaced second pass that measures the commit policy's own latency")
+    parser.add_argument("--target", default=str(SHARED / "models" / "whisper-tiny.en"))
+    parser.add_argument("--draft", default=str(SHARED / "models" / "distil-tiny.en-draft"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--clips", nargs="*", help="audio files (default: 4 shared real clips)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "stream_bench_cpu.json")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    results = run(args)
+    results["meta"] = {
+        "step_s": args.step, "realtime": not args.fast, "device": args.device, "target": args.target,
+        "draft": args.draft, "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+        "machine": platform.processor() or platform.machine(), "python": platform.python_version(),
+        "torch": torch.__version__, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        "wall_s": time.perf_counter() - started,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    text = table(results, args.step)
+    text += (f"\nmachine: {results['meta']['cpu_count']} CPUs, torch threads {results['meta']['torch_threads']}, "
+             f"load average before/after {load_before[0]:.1f}/{results['meta']['loadavg_after'][0]:.1f}")
+    args.out.with_suffix(".txt").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
