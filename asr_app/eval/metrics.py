@@ -57,6 +57,7 @@ class ModeSummary:
     verify_clock: str | None
     verify_delta_pct: float | None  # (t - t_baseline) / t_baseline * 100; negative = less time
     verify_steps: int
+    verify_ms_per_token: float | None  # profiled verify time / output tokens (modes emit different lengths)
     drafted: int
     accepted: int
     acceptance_rate: float | None
@@ -127,6 +128,7 @@ def summarize_mode(
         verify_clock=verify_clock if verify_s is not None else None,
         verify_delta_pct=None,
         verify_steps=sum(m.verify_profiled_calls for m in runs),
+        verify_ms_per_token=1e3 * verify_s / tokens_out if verify_s is not None and tokens_out else None,
         drafted=drafted,
         accepted=accepted,
         acceptance_rate=accepted / drafted if drafted else None,

@@ -47,6 +47,10 @@ def _wer_vs_latency(run: EvalRun, ax) -> None:
         ax.annotate(s.label, (s.latency_mean_s, 100 * s.wer.wer), textcoords="offset points", xytext=(5, 5))
     ax.set_xlabel("latency per utterance, mean (bars: p50..p90) [s]")
     ax.set_ylabel("WER [%]")
+    wers = [100 * s.wer.wer for s in run.summaries if s.wer.wer is not None]
+    if wers and max(wers) > 100:
+        # A runaway mode (WER in the hundreds) would flatten the others onto the axis.
+        ax.set_yscale("symlog", linthresh=10)
     ax.set_title("WER vs latency per mode")
     ax.grid(alpha=0.3)
     if ax.has_data():

@@ -82,7 +82,7 @@ def table1(run: EvalRun, meta: dict) -> str:
     cols = [m for m in ("baseline", "exact", "sigmoid") if m in by]
     head = ["Dataset", "Target / draft"] + [f"WER {m} (%)" for m in cols]
     head += [f"Δ% profiling time {m}" for m in cols if m != "baseline" and "baseline" in by]
-    row = [meta.get("dataset_label", ""), f"{meta.get('target', '')} / {meta.get('draft', '')}"]
+    row = [meta.get("dataset_label", ""), f"{_short(meta.get('target'))} / {_short(meta.get('draft'))}"]
     row += [_pct(by[m].wer.wer) for m in cols]
     row += [_delta(by[m].verify_delta_pct) for m in cols if m != "baseline" and "baseline" in by]
     return _md_table(head, [row])
@@ -90,7 +90,7 @@ def table1(run: EvalRun, meta: dict) -> str:
 
 def mode_table(run: EvalRun) -> str:
     head = ["mode", "WER (%)", "S", "D", "I", "ref words", "latency mean / p50 / p90 (s)", "RTFx",
-            "verify time (s)", "Δ% verify vs baseline", "acceptance", "accepted/step", "target calls/token",
+            "verify time (s)", "Δ% verify vs baseline", "verify ms/token", "acceptance", "accepted/step", "target calls/token",
             "= baseline tokens", "peak mem (MiB)"]
     rows = []
     for s in run.summaries:
@@ -98,7 +98,8 @@ def mode_table(run: EvalRun) -> str:
             s.label, _pct(s.wer.wer), str(s.wer.substitutions), str(s.wer.deletions), str(s.wer.insertions),
             str(s.wer.reference_words),
             f"{_num(s.latency_mean_s)} / {_num(s.latency_p50_s)} / {_num(s.latency_p90_s)}", _num(s.rtfx, ".2f"),
-            _num(s.verify_profiled_s, ".4f"), _delta(s.verify_delta_pct), _pct(s.acceptance_rate, 1),
+            _num(s.verify_profiled_s, ".4f"), _delta(s.verify_delta_pct), _num(s.verify_ms_per_token, ".3f"),
+            _pct(s.acceptance_rate, 1),
             _num(s.mean_accepted_per_step, ".2f"), _num(s.target_calls_per_token, ".3f"),
             _pct(s.equal_to_baseline, 0), _mib(s.peak_memory_bytes),
         ])
@@ -110,10 +111,19 @@ def sweep_table(run: EvalRun) -> str | None:
     sweep = [s for s in run.summaries if s.label.startswith("sigmoid@")]
     if not sweep:
         return None
-    head = ["scale s (alpha=-s, beta=s)", "WER (%)", "acceptance", "accepted/step", "Δ% profiling time vs baseline"]
+    head = ["scale s (alpha=-s, beta=s)", "WER (%)", "acceptance", "accepted/step", "Δ% profiling time vs baseline",
+            "verify ms/token"]
     rows = [[f"{s.beta:.0e}", _pct(s.wer.wer), _pct(s.acceptance_rate, 1), _num(s.mean_accepted_per_step, ".2f"),
-             _delta(s.verify_delta_pct)] for s in sweep]
+             _delta(s.verify_delta_pct), _num(s.verify_ms_per_token, ".3f")] for s in sweep]
     return _md_table(head, rows)
+
+
+def _short(name: object) -> str:
+    """A model's display name: the folder name of a local path, the hub id otherwise."""
+    if not name:
+        return "none"
+    text = str(name)
+    return Path(text).name if Path(text).is_dir() else text
 
 
 def _md_table(head: list[str], rows: list[list[str]]) -> str:

@@ -122,7 +122,7 @@ def run_evaluation(
     verify_clock: str | None = None
     warmed = 0
     notes: list[str] = []
-    bar = tqdm(total=len(utterances) * len(specs), desc="asr-eval", unit="decode", disable=not progress or None)
+    bar = tqdm(total=len(utterances) * len(specs), desc="asr-eval", unit="decode", disable=not progress, mininterval=1.0)
     from asr_app.audio import AudioLoadError
 
     for utt in utterances:
