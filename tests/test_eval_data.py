@@ -34,6 +34,8 @@ def test_librispeech_layout_from_any_level(data_dir):
 def test_librispeech_wrong_split_names_where_it_looked():
     with pytest.raises(DatasetError, match="test-other.*looked in"):
         load_dataset("librispeech", LIBRISPEECH_DIR, split="test-other")
+    with pytest.raises(DatasetError, match="is LibriSpeech split 'test-clean' but --split is 'test-other'"):
+        load_dataset("librispeech", SPLIT_DIR, split="test-other")
 
 
 def test_missing_data_dir_says_where_and_how(tmp_path):

@@ -98,6 +98,9 @@ def load_librispeech(
     candidates = librispeech_candidates(data_dir, split)
     for folder in candidates:
         if _is_librispeech_split(folder):
+            if folder.name in _HF_SPLITS and folder.name != split:
+                raise DatasetError(f"--data-dir {folder} is LibriSpeech split {folder.name!r} but --split is {split!r}; "
+                                   f"pass --split {folder.name} or the folder holding {split}")
             return read_librispeech_split(folder)
     looked = ", ".join(str(c) for c in candidates)
     if data_dir is not None:
