@@ -98,6 +98,24 @@ def time_impls(fns: dict, device, min_run_time, rounds, clock) -> dict:
     return best
 
 
+def steady_malloc() -> bool:
+    """Keep freed multi-MB blocks in the heap (glibc mallopt) instead of returning them to the OS.
+
+    By default glibc gives large freed blocks back and the next step's tensors page-fault them in
+    again, which made e.g. one softmax over [11, 51864] floats cost 660 us or 240 us depending on
+    the allocation history. Applied to every implementation alike; --malloc default turns it off.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        return bool(libc.mallopt(m_mmap_threshold, 32 * 2**20)) and bool(libc.mallopt(m_trim_threshold, 2**30))
+    except (OSError, AttributeError):
+        return False
+
+
 def floors(device, clock="wall"):
     """Empty-launch time (CUDA only) and copy bandwidth in bytes/s."""
     big = torch.empty(64 * 2**20, dtype=torch.float32, device=device)
@@ -142,6 +160,8 @@ def main(argv=None):
     parser.add_argument("--clock", choices=["wall", "thread"], default="wall",
                         help="CPU only: 'thread' counts this thread's CPU time (needs --threads 1), so time "
                              "spent descheduled on a shared machine is not counted")
+    parser.add_argument("--malloc", choices=["steady", "default"], default="steady",
+                        help="CPU: 'steady' keeps freed blocks in glibc's heap (see steady_malloc)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--quick", action="store_true", help="B=1, g in {1,5,20}, V=51864 only")
     args = parser.parse_args(argv)
@@ -152,6 +172,7 @@ def main(argv=None):
     if args.clock == "thread" and torch.get_num_threads() != 1:
         parser.error("--clock thread measures one thread's CPU time: add --threads 1")
     device = torch.device(args.device)
+    malloc_tuned = device.type == "cpu" and args.malloc == "steady" and steady_malloc()
     backend = "triton" if device.type == "cuda" else "torch"
     empty_us, bandwidth = floors(device, args.clock)
 
@@ -193,6 +214,7 @@ def main(argv=None):
         + (", per-thread CPU time (time.thread_time)" if args.clock == "thread" and device.type != "cuda" else ""),
         "empty_triton_launch_us": empty_us,
         "copy_bandwidth_GBps": round(bandwidth / 1e9, 2),
+        "glibc_malloc_tuned": malloc_tuned,
         "wall_s": round(time.time() - started, 1),
     }
     print(f"\nfloor: empty Triton launch = {empty_us if empty_us is not None else 'n/a (no GPU)'} us; "

@@ -31,13 +31,22 @@ def verify_greedy_torch(
     batch, rows, _ = target_logits.shape
     gamma = rows - 1
     nd = clamp_num_draft(num_draft, gamma)
-    # Half-precision argmax has no vectorised CPU kernel; the upcast is exact and several times faster.
-    logits = target_logits if target_logits.is_cuda else target_logits.float()
-    target_argmax = logits.argmax(dim=-1)  # [B, g+1]
+    target_argmax = _first_argmax(target_logits)  # [B, g+1]
     match = (draft_tokens[:, :gamma] == target_argmax[:, :gamma]) & draft_valid_mask(nd, gamma)
     n = leading_true_count(match)
     next_token = target_argmax[torch.arange(batch, device=target_logits.device), n]
     return VerifyResult(tokens=assemble_tokens(draft_tokens, n, next_token), num_accepted=n)
+
+
+def _first_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the vocabulary (lowest id on ties). On CPU, half-precision argmax has no
+    vectorised kernel, so rows are upcast (exactly) a few MB at a time and reduced in float32."""
+    if logits.is_cuda or logits.dtype == torch.float32:
+        return logits.argmax(dim=-1)
+    rows = logits.reshape(-1, logits.shape[-1])
+    step = max(1, (8 * 2**20) // (4 * rows.shape[-1]))
+    parts = [rows[i : i + step].float().argmax(dim=-1) for i in range(0, rows.shape[0], step)]
+    return torch.cat(parts).reshape(logits.shape[:-1])
 
 
 @triton.jit
