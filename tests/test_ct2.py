@@ -29,6 +29,15 @@ def _load_16k(path: Path) -> np.ndarray:
     return soxr.resample(mono, rate, 16_000).astype(np.float32) if rate != 16_000 else mono
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    # Two threads on the shared 2-core CI box mostly wait on each other; one is faster there.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def clips() -> list[np.ndarray]:
     libri = sorted(LIBRISPEECH_DIR.rglob("*.flac"))[:2]
