@@ -193,7 +193,7 @@ def _parse(path: Path, buf: mmap.mmap) -> Ct2Checkpoint:
 
 
 class _Weights:
-    """Hands out dequantised float32 weights by CTranslate2 name, remembering which were used."""
+    """Hands out weights by CTranslate2 name (int8/int16 dequantised), remembering which were used."""
 
     def __init__(self, ckpt: Ct2Checkpoint):
         self.ckpt, self.used = ckpt, set()
@@ -225,7 +225,9 @@ class _Weights:
             return value.float() / scale
         if value.dtype == torch.int32:
             raise _load_error(self.ckpt.path, f"variable {name!r} is int32, not a weight")
-        return value.float()
+        # Floats stay as stored; the caller casts once to the requested dtype (no float32
+        # detour that would double a float16 large-v3 in memory).
+        return value
 
 
 def _linear(w: _Weights, src: str, dst: str, out: dict, bias: bool = True) -> None:
@@ -271,7 +273,8 @@ def _count_layers(w: _Weights, prefix: str) -> int:
 def whisper_state_dict(ckpt: Ct2Checkpoint) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
     """Map a WhisperSpec checkpoint to transformers' ``WhisperForConditionalGeneration`` names.
 
-    Returns float32 tensors and the model dimensions read from the checkpoint.
+    Returns the tensors (floats as stored, quantised ones dequantised to float32) and the
+    model dimensions read from the checkpoint.
     """
     if ckpt.spec_name != WHISPER_SPEC:
         kind = ckpt.spec_name or "an unnamed (binary version 1)"
@@ -472,20 +475,6 @@ def _load_processor(model_dir: Path, num_mel_bins: int, tokenizer):
     return WhisperProcessor(feature_extractor=WhisperFeatureExtractor(**settings), tokenizer=tokenizer)
 
 
-def _resolve(dtype: torch.dtype | str | None, device: str | torch.device) -> tuple[torch.dtype, torch.device]:
-    device = torch.device("cuda" if str(device) == "auto" and torch.cuda.is_available() else
-                          "cpu" if str(device) == "auto" else device)
-    if dtype is None or dtype == "auto":
-        # float16 convolutions are not implemented on the CPU.
-        return (torch.float32 if device.type == "cpu" else torch.float16), device
-    if isinstance(dtype, str):
-        dtype = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-                 "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}.get(dtype, dtype)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"unsupported dtype {dtype!r}; use float32, float16 or bfloat16")
-    return dtype, device
-
-
 def load_ct2_whisper(path: str | Path, dtype: torch.dtype | str | None = None, device: str | torch.device = "cpu"):
     """Load a CTranslate2 Whisper directory as ``(WhisperForConditionalGeneration, WhisperProcessor)``.
 
@@ -494,10 +483,13 @@ def load_ct2_whisper(path: str | Path, dtype: torch.dtype | str | None = None, d
     """
     from transformers import WhisperForConditionalGeneration
 
+    from asr_app.models.loading import resolve_device, resolve_dtype
+
     model_dir = Path(path)
     if not is_ct2_dir(model_dir):
         raise _load_error(model_dir, f"not a CTranslate2 model directory (no {CT2_MODEL_FILE})")
-    dtype, device = _resolve(dtype, device)
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
     state, dims = whisper_state_dict(read_model_bin(model_dir / CT2_MODEL_FILE))
     tokenizer = _load_tokenizer(model_dir, dims["vocab_size"])
     config, generation = _build_configs(model_dir, dims, tokenizer)
