@@ -26,9 +26,10 @@ BROWSER_RATE = 48_000
 CHUNK_S = 0.5
 JFK_TEXT = (JFK_FLAC.parent / "jfk.txt").read_text().strip()
 LJ_CLIP = LJSPEECH_DIR / "wavs" / "LJ001-0004.wav"   # 5 s: "produced the block books, ..."
-# The app re-decodes every 1 s; the tests use 2 s to halve their compute on a 2-core CPU
+LJ_SHORT = LJSPEECH_DIR / "wavs" / "LJ001-0002.wav"   # 1.9 s: "in being comparatively modern."
+# The app re-decodes every 1 s; the tests use 3 s to cut their compute on a 2-core CPU
 # (same code path, fewer re-decodes of the growing buffer).
-TEST_STEP_S = 2.0
+TEST_STEP_S = 3.0
 
 
 def ljspeech_text(clip_id: str) -> str:
@@ -67,10 +68,17 @@ def test_browser_chunks_are_what_the_browser_sends():
     assert rate == 48_000 and first.dtype == np.int16 and first.shape == (24_000, 2)
 
 
+def paced(session):
+    """Wait for the session's worker to catch up, as it would between real-time chunks when
+    decoding keeps up; without it the test would hand over the whole clip at once."""
+    assert session.drain(timeout=300), "the live worker did not catch up"
+    return session
+
+
 def test_live_two_sessions_stream_real_speech_isolated(engine):
     """Two recordings interleaved chunk by chunk (two browser tabs at once): each session's
     processor only ever sees its own audio, and stopping finalises each transcript."""
-    jfk, lj = file_chunks(JFK_FLAC), file_chunks(LJ_CLIP)
+    jfk, lj = file_chunks(JFK_FLAC), file_chunks(LJ_SHORT)
     s1 = s2 = None
     for i in range(max(len(jfk), len(lj))):
         if i < len(jfk):
@@ -78,6 +86,7 @@ def test_live_two_sessions_stream_real_speech_isolated(engine):
         if i < len(lj):
             s2, html2, figures2 = live_chunk(engine, lj[i], s2, "sigmoid", 0.0)
         assert s1 is not s2
+        paced(s1), paced(s2)
     # While recording, the figures show the mode, and text (committed or partial) has appeared.
     assert "exact" in figures1 and "sigmoid" in figures2
     assert "real-time factor" in figures1 and "acceptance rate" in figures1
@@ -86,12 +95,12 @@ def test_live_two_sessions_stream_real_speech_isolated(engine):
     assert s1.finished and s2.finished and s1.partial == "" and s2.partial == ""
     assert s1.message == "" and s2.message == ""
     wer_jfk = word_error_rate(JFK_TEXT, s1.committed_text)
-    wer_lj = word_error_rate(ljspeech_text("LJ001-0004"), s2.committed_text)
+    wer_lj = word_error_rate(ljspeech_text("LJ001-0002"), s2.committed_text)
     assert wer_jfk < 0.15, s1.committed_text
-    assert wer_lj < 0.3, s2.committed_text
+    assert wer_lj <= 0.25, s2.committed_text
     # Isolation: the words of one recording do not show up in the other.
     assert "country" in s1.committed_text.lower() and "country" not in s2.committed_text.lower()
-    assert "books" in s2.committed_text.lower() and "books" not in s1.committed_text.lower()
+    assert "comparatively" in s2.committed_text.lower() and "comparatively" not in s1.committed_text.lower()
     assert s1.committed_text in html1 or s1.committed_text.replace("'", "&#x27;") in html1
     # The audio the sessions received is the clips' length (48 kHz stereo -> 16 kHz mono).
     assert s1.audio_s == pytest.approx(sf.info(str(JFK_FLAC)).duration, abs=0.05)
@@ -105,6 +114,7 @@ def test_live_silence_gives_no_text_and_no_error(engine):
     session = None
     for chunk in silence:
         session, html, figures = live_chunk(engine, chunk, session, "exact", 0.0)
+        paced(session)
     session, html, figures = live_stop(engine, session)
     assert session.committed_text == "" and session.message == ""
     assert session.audio_s == pytest.approx(3.0, abs=0.01)
@@ -150,7 +160,7 @@ def test_ten_minute_recording_keeps_the_buffer_bounded(engine):
     for i in range(0, len(recording), step):
         [chunk] = as_browser_chunks(recording[i:i + step], 16_000)
         session, _, _ = live_chunk(long_engine, chunk, session, "exact", 0.0)
-        max_buffer = max(max_buffer, session.buffer_s)
+        max_buffer = max(max_buffer, paced(session).buffer_s)
     session, _, figures = live_stop(long_engine, session)
     assert session.message == ""
     assert session.audio_s == pytest.approx(600.0, abs=0.1)
@@ -160,6 +170,27 @@ def test_ten_minute_recording_keeps_the_buffer_bounded(engine):
     assert not any(isinstance(v, np.ndarray) for v in vars(session).values())
     reference = " ".join(ljspeech_text(c) for c in clip_ids)
     assert word_error_rate(reference, session.committed_text) < 0.35, session.committed_text
+
+
+def test_live_decoding_slower_than_real_time_drops_oldest_audio_not_the_handler(engine):
+    """While another session holds the model (the engine's lock), chunks keep arriving: the
+    stream handler still returns at once (it only queues), the queue is capped and what was
+    dropped is reported, and once the model is free the session finishes normally."""
+    chunks = file_chunks(JFK_FLAC)
+    session, _, _ = live_chunk(engine, chunks[0], None, "exact", 0.0)
+    session.max_pending_s = 4.0
+    max_pending = 0.0
+    with engine.lock:   # a decode of another session in progress
+        for chunk in chunks[1:]:
+            session, _, figures = live_chunk(engine, chunk, session, "exact", 0.0)
+            max_pending = max(max_pending, session.pending_s)
+    assert max_pending <= 4.0 + CHUNK_S
+    # At most one step (3 s) reached the processor before its decode waited for the lock.
+    assert session.skipped_s >= 11.0 - 4.0 - TEST_STEP_S - 2 * CHUNK_S
+    assert "skipped" in figures and "slower than real time" in figures
+    session, html, figures = live_stop(engine, session)
+    assert session.finished and session.audio_s == pytest.approx(sf.info(str(JFK_FLAC)).duration, abs=0.05)
+    assert "country" in session.committed_text.lower()   # the newest audio was kept and decoded
 
 
 def test_file_tab_transcribes_with_timestamps_and_downloads(engine):
