@@ -83,6 +83,21 @@ def test_words_from_segments_interpolates_by_characters():
     assert words[1].end == pytest.approx(12.2) and words[2].end == pytest.approx(12.5)
 
 
+def test_latency_report_follows_whisper_streaming_definition():
+    from asr_app.streaming import StreamEvent
+
+    w1, w2, w3 = Word(0.0, 1.0, "a"), Word(1.0, 2.0, "b"), Word(2.0, 3.5, "c")
+    events = [StreamEvent("partial", "a", 0.0, 1.0, emitted_at=1.6, audio_received=1.5, words=[w1]),
+              StreamEvent("commit", "a b", 0.0, 2.0, emitted_at=3.0, audio_received=2.5, words=[w1, w2]),
+              StreamEvent("commit", "c", 2.0, 3.5, emitted_at=4.5, audio_received=4.0, words=[w3])]
+    report = latency_report(events, audio_seconds=4.0, compute_seconds=2.0)
+    # Per committed word: emission minus the word's end -> 2.0, 1.0, 1.0.
+    assert report["words"] == 3 and report["first_partial_s"] == pytest.approx(0.6)
+    assert report["finalization_p50_s"] == pytest.approx(1.0)
+    assert report["finalization_p90_s"] == pytest.approx(1.8)
+    assert report["audio_lag_p50_s"] == pytest.approx(0.5) and report["rtf"] == pytest.approx(0.5)
+
+
 # -- the processor on real audio with the real decoder --------------------------------------
 
 @pytest.fixture(scope="module", autouse=True)

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     total_audio = sum(_duration(j.path) for j in jobs)
-    bar = tqdm(total=round(total_audio, 1), unit="s", unit_scale=False, desc="audio", disable=args.quiet,
+    bar = tqdm(total=total_audio, unit="s", unit_scale=False, desc="audio", disable=args.quiet,
                file=sys.stderr, bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} s audio "
                                            "[{elapsed}<{remaining}, {rate_fmt}]")
     started = time.perf_counter()
@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(header + RENDERERS[formats[0]](outcome))
             sys.stdout.flush()
             bar.refresh()
+    if not failures:
+        bar.n = bar.total  # header durations and decoded lengths differ by resampling rounding
+        bar.refresh()
     bar.close()
 
     elapsed = time.perf_counter() - started
