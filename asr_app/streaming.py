@@ -308,6 +308,16 @@ class StreamingProcessor:
 
     def _step(self, final: bool) -> list[StreamEvent]:
         events: list[StreamEvent] = []
+        new_audio = self._buffer[-min(self._received - self._decoded_upto, self._buffer.size):]
+        if (not final and self.committed and not self.agreement.tail
+                and _frame_rms_max(new_audio) < self.options.energy_threshold):
+            # Everything heard so far is committed and only silence arrived since: re-decoding could
+            # only repeat it. Drop the committed audio (the prompt keeps its text) and wait.
+            self._decoded_upto = self._received
+            self.steps.append(StepRecord(self._buffer_start, self._buffer_start + self.buffer_seconds, 0.0,
+                                         True, None))
+            self._cut(self._buffer_start + self.buffer_seconds - 0.5)
+            return events
         self._enforce_cap(events)
         self._decoded_upto = self._received
         started = time.perf_counter()

@@ -143,7 +143,7 @@ def run_stream(decoder, audio, options=StreamingOptions()):
 def test_stream_matches_offline_transcript_and_silence_adds_nothing(decoder):
     speech = load_audio(JFK_FLAC)  # 11 s
     rng = np.random.default_rng(1)
-    silence = np.concatenate([np.zeros(SAMPLE_RATE), rng.normal(0, 1e-4, 2 * SAMPLE_RATE)]).astype(np.float32)
+    silence = np.concatenate([np.zeros(SAMPLE_RATE), rng.normal(0, 1e-4, 4 * SAMPLE_RATE)]).astype(np.float32)
     offline = decoder.decode([speech])[0].text
     processor, events = run_stream(decoder, np.concatenate([speech, silence]), StreamingOptions(step_s=2.0))
     commits = [e for e in events if e.kind == "commit"]
@@ -166,6 +166,9 @@ def test_stream_matches_offline_transcript_and_silence_adds_nothing(decoder):
     report = latency_report(events, processor.audio_seconds, sum(s.compute_s for s in processor.steps))
     assert report["words"] == len(final_words) and report["finalization_p50_s"] is not None
     assert max(s.buffer_end - s.buffer_start for s in processor.steps) <= 30.0
+    # Once all speech was committed, silent steps were not decoded and the speech was dropped.
+    assert processor.steps[-1].skipped_silence and processor.steps[-1].compute_s == 0.0
+    assert processor.buffer_seconds <= 2.5
 
 
 def test_long_stream_trims_buffer_at_committed_segments(decoder):
