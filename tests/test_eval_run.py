@@ -88,6 +88,7 @@ def test_two_mode_sampling_run_writes_all_outputs(tmp_path, capsys):
             # Every verification step the decoder reported was seen by the profiler, and only those.
             assert run["verify_profiled_calls"] == len(run["verify_steps"]) > 0
             assert run["verify_profiled_s"] > 0
+            assert run["profiled_same_tokens"] is True  # the seeded profiled decode retraced the timed one
             assert run["stats"]["drafted"] >= run["stats"]["accepted"] >= 0
 
     summary = json.loads((out / "summary.json").read_text())

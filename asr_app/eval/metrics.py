@@ -22,6 +22,7 @@ class ModeRun:
     verify_profiled_calls: int = 0
     verify_steps: list[tuple[int, float]] = field(default_factory=list)  # (gamma, seconds) per step
     peak_memory_bytes: int | None = None
+    profiled_same_tokens: bool | None = None  # the profiled decode produced the timed decode's tokens
 
 
 @dataclass
@@ -99,7 +100,8 @@ def summarize_mode(
     # Mean accepted per step: per-utterance means weighted by that utterance's target calls (≈ steps).
     weights = stat("target_calls")
     per_step = [float(m.stats.get("mean_accepted_per_step", 0.0) or 0.0) for m in runs]
-    mean_per_step = float(np.average(per_step, weights=weights)) if sum(weights) > 0 else None
+    # Target-only decoding drafts nothing: "accepted per step" does not apply (n/a, not 0).
+    mean_per_step = float(np.average(per_step, weights=weights)) if drafted and sum(weights) > 0 else None
     profiled = [m.verify_profiled_s for m in runs if m.verify_profiled_s is not None]
     verify_s = float(sum(profiled)) if profiled and len(profiled) == len(runs) else None
     equal = None

@@ -161,6 +161,10 @@ def run_evaluation(
                                 baseline_label="baseline" if any(x.label == "baseline" for x in specs) else None)
                  for s in specs]
     add_verify_deltas(summaries)
+    diverged = sorted({label for r in records for label, m in r.runs.items() if m.profiled_same_tokens is False})
+    if diverged:
+        notes.append(f"the profiled decode did not retrace the timed one (different tokens) for mode(s) "
+                     f"{', '.join(diverged)}: their verify time comes from a different token path")
     if profile == "inline":
         notes.append("latency measured with the profiler attached (--profile inline): it includes profiling overhead")
     return EvalRun(records, summaries, list(specs), memory.kind, verify_clock, warmed, profile, notes)
@@ -178,15 +182,16 @@ def _decode_one(decoder, audio, spec: ModeSpec, profile: ProfileHow, clock: _Clo
             result = decoder.decode([audio], options=profiled_options)[0]
             seconds = clock.now() - start
         profiled_result = result
+        peak = memory.read()
     else:
         start = clock.now()
         result = decoder.decode([audio], options=spec.options)[0]
         seconds = clock.now() - start
+        peak = memory.read()  # before the profiler's own buffers can count
         profiled_result, prof = None, None
         if profilable:
             with profile_verify_step(clock.device) as prof:
                 profiled_result = decoder.decode([audio], options=profiled_options)[0]
-    peak = memory.read()
     run = ModeRun(
         tokens=[int(t) for t in result.tokens],
         hypothesis=result.text,
@@ -199,5 +204,7 @@ def _decode_one(decoder, audio, spec: ModeSpec, profile: ProfileHow, clock: _Clo
         run.verify_profiled_s = prof.seconds
         run.verify_profiled_calls = prof.calls
         run.verify_steps = [(int(g), float(s)) for g, s in profiled_result.stats.verify_steps]
+        # Same seed, same options but profile_verify: the profiled decode should retrace the timed one.
+        run.profiled_same_tokens = [int(t) for t in profiled_result.tokens] == run.tokens
         return run, prof.clock
     return run, None
