@@ -79,17 +79,21 @@ def _verify_vs_gamma(run: EvalRun, ax) -> None:
 
 
 def _acceptance_hist(run: EvalRun, ax) -> None:
-    bins = np.linspace(0.0, 1.0, 21)
+    bins = np.linspace(0.0, 1.0, 11)
+    series, labels = [], []
     for spec in run.specs:
         rates = [r.runs[spec.label].stats.get("acceptance_rate") for r in run.records
                  if r.error is None and spec.label in r.runs and r.runs[spec.label].stats.get("drafted")]
         rates = [x for x in rates if x is not None]
         if rates:
-            ax.hist(rates, bins=bins, alpha=0.5, label=f"{spec.label} (n={len(rates)})")
-    ax.set_xlabel("acceptance rate per utterance (accepted / drafted)")
-    ax.set_ylabel("utterances")
-    ax.set_title("Acceptance-rate histogram")
-    if ax.has_data():
+            series.append(rates)
+            labels.append(f"{spec.label} (n={len(rates)})")
+    if series:
+        # Side-by-side bars: identical modes (greedy) would hide each other if overlaid.
+        ax.hist(series, bins=bins, label=labels)
         ax.legend(fontsize="small")
     else:
         ax.text(0.5, 0.5, "no drafted tokens", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("acceptance rate per utterance (accepted / drafted)")
+    ax.set_ylabel("utterances")
+    ax.set_title("Acceptance-rate histogram")
