@@ -1,0 +1,79 @@
+"""Whisper's logit rules over several positions == transformers' processors applied prefix by prefix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY_EN_DIR
+from transformers import GenerationConfig
+from transformers.generation.logits_process import (
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    WhisperTimeStampLogitsProcessor,
+)
+
+from asr_app.decoding.gamma import GammaPolicy
+from asr_app.decoding.rules import RuleState, WhisperLogitRules
+
+
+@pytest.fixture(scope="module")
+def gc() -> GenerationConfig:
+    return GenerationConfig.from_pretrained(TINY_EN_DIR)
+
+
+def reference(gc, prompt_len, history, sequences, logits, timestamps):
+    """transformers' processors on each position's prefix: position j sees prompt + tokens[:history + j]."""
+    procs = [SuppressTokensAtBeginLogitsProcessor(gc.begin_suppress_tokens, prompt_len),
+             SuppressTokensLogitsProcessor(gc.suppress_tokens)]
+    if timestamps:
+        procs.append(WhisperTimeStampLogitsProcessor(gc, begin_index=prompt_len))
+    out = torch.empty_like(logits)
+    for j in range(logits.shape[1]):
+        ids = sequences[:, : prompt_len + history + j]
+        scores = logits[:, j]
+        for p in procs:
+            scores = p(ids, scores)
+        out[:, j] = scores
+    return out
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+@pytest.mark.parametrize("history", [0, 1, 2, 5])
+def test_rules_match_transformers_at_every_position(gc, timestamps, history):
+    gen = torch.Generator().manual_seed(history)
+    batch, positions, vocab = 6, 4, 51864
+    ts_begin = gc.no_timestamps_token_id + 1
+    prompt = torch.tensor([[gc.decoder_start_token_id]] * batch)
+    # token streams mixing text and (non-decreasing) timestamps, so every pairing case occurs
+    tokens = torch.randint(0, 1000, (batch, history + positions - 1), generator=gen)
+    is_ts = torch.rand(tokens.shape, generator=gen) < 0.5
+    stamps = ts_begin + torch.sort(torch.randint(0, 60, tokens.shape, generator=gen), dim=1).values
+    tokens = torch.where(is_ts, stamps, tokens)
+    sequences = torch.cat([prompt, tokens], dim=1)
+    logits = torch.randn(batch, positions, vocab, generator=gen) * 3
+    logits[:, :, ts_begin:] += 2.0  # make the "timestamps win" rule fire on some rows
+
+    rules = WhisperLogitRules(gc, vocab, torch.device("cpu"), timestamps=timestamps)
+    state = rules.advance(RuleState.initial(batch, torch.device("cpu")), tokens[:, :history])
+    got = rules.apply(logits, state, tokens[:, history:])
+    want = reference(gc, 1, history, sequences, logits, timestamps)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    assert torch.equal(got[~torch.isinf(got)], want[~torch.isinf(want)])
+    if timestamps:
+        assert torch.isinf(got).sum() > torch.isinf(rules.suppress.apply(logits)).sum()
+
+
+def test_gamma_heuristic_and_fixed():
+    policy = GammaPolicy()
+    assert policy.next(100) == 5
+    policy.update(5, 5)
+    assert policy.next(100) == 7
+    policy.update(7, 2)
+    assert policy.next(100) == 6
+    assert policy.next(3) == 3  # capped by the length budget
+    for _ in range(10):
+        policy.update(policy.next(100), 0)
+    assert policy.next(100) == 1
+    fixed = GammaPolicy(3)
+    fixed.update(3, 3)
+    assert fixed.next(100) == 3 and fixed.next(0) == 0

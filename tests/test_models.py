@@ -1,0 +1,137 @@
+"""Model loading: local directories, hub ids from an offline cache, shared-encoder detection, checks."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import DISTIL_DRAFT_DIR, REPO_ROOT, TINY_EN_DIR
+from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration
+
+from asr_app.models import PRESETS, ModelLoadError, derive_draft, detect_shared_encoder, load_pair
+from asr_app.models.loading import check_pair, resolve_dtype
+
+
+def small_whisper(vocab: int = 51864, d_model: int = 16, layers: int = 1, seed: int = 0):
+    torch.manual_seed(seed)
+    config = WhisperConfig(vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+                           encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                           decoder_ffn_dim=32, max_source_positions=1500, max_target_positions=448)
+    return WhisperForConditionalGeneration(config).eval()
+
+
+@pytest.fixture(scope="module")
+def real_pair():
+    return load_pair(target=str(TINY_EN_DIR), draft=str(DISTIL_DRAFT_DIR), device="cpu")
+
+
+def test_load_real_pair_from_directories(real_pair):
+    assert isinstance(real_pair.target, WhisperForConditionalGeneration)
+    assert isinstance(real_pair.draft, WhisperForCausalLM)
+    assert real_pair.shared_encoder  # decoder-only draft runs on the target's encoder output
+    # the checkpoints are float16; on CPU the default is float32 (fp16 convolutions fail there)
+    assert real_pair.dtype == torch.float32 and next(real_pair.target.parameters()).dtype == torch.float32
+    assert next(real_pair.draft.parameters()).dtype == torch.float32
+    assert real_pair.device == torch.device("cpu")
+    assert real_pair.processor.tokenizer.eos_token_id == real_pair.target.config.eos_token_id
+    assert real_pair.target_name == str(TINY_EN_DIR) and real_pair.draft_name == str(DISTIL_DRAFT_DIR)
+
+
+def test_target_only_and_derived(real_pair):
+    only = load_pair(target=str(TINY_EN_DIR), draft=None, device="cpu")
+    assert only.draft is None and not only.shared_encoder
+    assert load_pair(target=str(TINY_EN_DIR), draft="none", device="cpu").draft is None
+    derived = load_pair(target=str(TINY_EN_DIR), draft="derived", device="cpu")
+    assert isinstance(derived.draft, WhisperForCausalLM) and derived.shared_encoder
+    assert derived.draft.config.decoder_layers == 2
+
+
+def test_derive_draft_copies_layers_and_leaves_target_config(real_pair):
+    target = real_pair.target
+    draft = derive_draft(target, layers=(0, 3))
+    assert target.config.is_encoder_decoder  # WhisperForCausalLM mutates the config it is given
+    src, dst = target.model.decoder, draft.model.decoder
+    for new, old in enumerate((0, 3)):
+        for (name, a), (_, b) in zip(src.layers[old].state_dict().items(), dst.layers[new].state_dict().items()):
+            assert torch.equal(a, b), name
+    assert torch.equal(draft.proj_out.weight, target.proj_out.weight)
+    with pytest.raises(ValueError, match="subset"):
+        derive_draft(target, layers=(0, 9))
+
+
+def test_shared_encoder_detection_checks_weights():
+    target = small_whisper()
+    same = copy.deepcopy(target)
+    assert detect_shared_encoder(target, same)
+    other = copy.deepcopy(target)
+    with torch.no_grad():
+        other.model.encoder.layers[0].fc1.weight[0, 0] += 1e-3
+    assert not detect_shared_encoder(target, other)
+    assert detect_shared_encoder(target, derive_draft(target, layers=(0,)))
+    assert not detect_shared_encoder(target, None)
+
+
+def test_vocabulary_mismatch_is_a_clear_error():
+    with pytest.raises(ModelLoadError, match="vocabulary mismatch.*51866.*large-v3.*51865"):
+        check_pair(small_whisper(vocab=51866), small_whisper(vocab=51865), "openai/whisper-large-v3",
+                   "distil-whisper/distil-large-v2")
+
+
+def test_vocabulary_mismatch_from_directories(tmp_path, real_pair):
+    draft_dir = tmp_path / "multilingual-draft"
+    small_whisper(vocab=51865).save_pretrained(draft_dir)
+    with pytest.raises(ModelLoadError, match="vocabulary mismatch"):
+        load_pair(target=str(TINY_EN_DIR), draft=str(draft_dir), device="cpu")
+
+
+def test_draft_larger_than_target_warns():
+    with pytest.warns(UserWarning, match="not smaller than target"):
+        check_pair(small_whisper(d_model=16), small_whisper(d_model=32), "small", "big")
+
+
+def test_bad_names_and_options():
+    with pytest.raises(ModelLoadError, match="unknown pair 'tiny'.*small.en"):
+        load_pair(pair="tiny")
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_pair(target="/nonexistent/whisper-dir", draft=None)
+    with pytest.raises(ModelLoadError, match="unknown dtype"):
+        load_pair(target=str(TINY_EN_DIR), dtype="float8")
+    assert resolve_dtype(None, torch.device("cpu")) == torch.float32
+    assert resolve_dtype(None, torch.device("cuda")) == torch.float16
+    assert resolve_dtype("bf16", torch.device("cpu")) == torch.bfloat16
+    assert PRESETS["large-v3"].draft == "distil-whisper/distil-large-v3"
+    assert set(PRESETS) == {"small.en", "medium.en", "large-v2", "large-v3"}
+
+
+def test_hub_id_from_offline_cache_and_missing_id(tmp_path):
+    """Build a Hugging Face cache (models--openai--whisper-tiny.en/snapshots/<rev>, refs/main) from the
+    shared files and load it by hub id with HF_HUB_OFFLINE=1 in a fresh process (the hub library reads
+    HF_HUB_CACHE at import); an id that is not cached gives the clear error."""
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--openai--whisper-tiny.en"
+    snapshot = repo / "snapshots" / rev
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(rev)
+    for f in TINY_EN_DIR.iterdir():
+        (snapshot / f.name).symlink_to(f)
+    script = textwrap.dedent("""
+        from asr_app.models import ModelLoadError, load_pair
+        pair = load_pair(target="openai/whisper-tiny.en", device="cpu")
+        print("LOADED", type(pair.target).__name__, pair.target_name, pair.draft, pair.target.config.vocab_size)
+        try:
+            load_pair(target="openai/whisper-small.en", device="cpu")
+        except ModelLoadError as err:
+            print("ERROR", err)
+    """)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hub"), PYTHONPATH=str(REPO_ROOT))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "LOADED WhisperForConditionalGeneration openai/whisper-tiny.en None 51864" in out.stdout
+    error = out.stdout.split("ERROR", 1)[1]
+    assert "openai/whisper-small.en" in error and "HF_HUB_OFFLINE" in error and "local directory" in error
