@@ -18,10 +18,10 @@ import soundfile as sf
 import torch
 from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, LJSPEECH_DIR, REPO_ROOT, TINY_EN_DIR
 
-from asr_app.audio import SAMPLE_RATE, load_audio
+from asr_app.audio import SAMPLE_RATE, AudioLoadError, load_audio
 from asr_app.cli import transcribe as cli
 from asr_app.decoding import Segment
-from asr_app.transcribe import TranscribeOptions, Transcript, split_window, transcribe
+from asr_app.transcribe import TranscribeOptions, Transcript, split_window, transcribe, transcribe_many
 from asr_app.writers import format_timestamp, parse_formats, to_srt, to_vtt, write_atomic
 
 LJ = LJSPEECH_DIR / "wavs"
@@ -174,6 +174,20 @@ def test_long_form_over_30s_has_monotone_timestamps(decoder):
     assert jiwer.wer(normalise(reference), normalise(result.text)) < 0.2, result.text
     assert result.stats["windows"] >= 2 and result.stats["mode"] == "exact"
     assert 0.0 < result.stats["acceptance_rate"] <= 1.0
+
+
+def test_batched_files_match_one_by_one(decoder):
+    missing = Path("/nonexistent/missing.wav")
+    clips = [LJ / "LJ001-0002.wav", LJ / "LJ001-0008.wav", missing]
+    progress = []
+    outcomes = dict(transcribe_many(decoder, [(c.name, c) for c in clips], TranscribeOptions(batch_size=2),
+                                    on_progress=progress.append))
+    assert isinstance(outcomes[missing.name], AudioLoadError) and "file not found" in str(outcomes[missing.name])
+    for clip in clips[:2]:
+        alone = transcribe(decoder, clip)
+        assert outcomes[clip.name].text == alone.text and alone.text
+        assert [(s.start, s.end) for s in outcomes[clip.name].segments] == [(s.start, s.end) for s in alone.segments]
+    assert sum(progress) == pytest.approx(sum(len(load_audio(c)) for c in clips[:2]) / SAMPLE_RATE)
 
 
 # -- the CLI -----------------------------------------------------------------------------
