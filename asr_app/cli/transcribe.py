@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     for message in failures:
         print(f"error: {message}", file=sys.stderr)
     skipped = 0
+    if args.skip_existing and args.output_dir is None:
+        print("warning: --skip-existing has no effect without -o OUTDIR", file=sys.stderr)
     if args.output_dir is not None:
         remove_stale_temps(args.output_dir)
         if args.skip_existing:
