@@ -118,9 +118,9 @@ def test_draft_probs_are_the_distributions_verify_assumes():
     assert soft.dtype == torch.float32
     torch.testing.assert_close(soft, torch.softmax(logits.half().float() * 2.0, dim=-1))
     assert torch.equal(draft_probs_from_logits(logits, "baseline", 0.5), draft_probs_from_logits(logits, "exact", 0.5))
+    # Sigmoid mode's draft samples from its own softmax (the paper's scheme); alpha/beta do not change q.
     sig = draft_probs_from_logits(logits, "sigmoid", 1.0, alpha=-5.0, beta=5.0)
-    raw = torch.sigmoid((logits + 5.0) / 10.0)
-    torch.testing.assert_close(sig, raw / raw.sum(-1, keepdim=True))
+    torch.testing.assert_close(sig, torch.softmax(logits, dim=-1))
     greedy = draft_probs_from_logits(logits, "greedy")
     assert torch.equal(greedy.argmax(-1), logits.argmax(-1)) and torch.equal(greedy.sum(-1), torch.ones(2, 3))
     for probs in (soft, sig, greedy):

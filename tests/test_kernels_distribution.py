@@ -109,15 +109,15 @@ def test_exact_chi_square_detects_a_wrong_distribution():
 
 
 def sigmoid_closed_form(p_logits, q_logits, temperature, alpha, beta) -> torch.Tensor:
-    """Distribution of the first token under sigmoid mode's rules, g = 1, draft sampled from q_hat/sum.
+    """Distribution of the first token under sigmoid mode's rules, g = 1, draft sampled from its softmax.
 
-    f(x) = q(x) a(x) + (1 - sum_y q(y) a(y)) r(x), with q = Q/sum Q, a = min(1, P/Q) and
+    f(x) = q(x) a(x) + (1 - sum_y q(y) a(y)) r(x), with q = softmax(z_q / T), a = min(1, P/Q) and
     r = max(0, P - Q) normalised (P normalised when that residual is identically zero).
     """
     width = beta - alpha
     P = torch.sigmoid((p_logits.double() / temperature - alpha) / width)
     Q = torch.sigmoid((q_logits.double() / temperature - alpha) / width)
-    q = Q / Q.sum()
+    q = torch.softmax(q_logits.double() / temperature, dim=-1)
     accept = torch.where(Q > 0, torch.clamp(P / Q, max=1.0), torch.zeros_like(P))
     residual = torch.clamp(P - Q, min=0.0)
     r = residual / residual.sum() if residual.sum() > 0 else P / P.sum()

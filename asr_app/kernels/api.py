@@ -15,7 +15,7 @@ import torch
 from .baseline import verify_baseline
 from .exact import verify_exact_torch, verify_exact_triton
 from .greedy import verify_greedy_torch, verify_greedy_triton
-from .sigmoid import sigmoid_weights, verify_sigmoid_torch, verify_sigmoid_triton
+from .sigmoid import verify_sigmoid_torch, verify_sigmoid_triton
 from .triton_support import HAS_TRITON
 from .types import VERIFY_MODES, VerifyMode, VerifyResult, draw_randomness
 
@@ -68,9 +68,12 @@ def draft_probs_from_logits(
 ) -> torch.Tensor:
     """float32 [..., V]: the distribution the draft samples from, i.e. the q that ``verify`` assumes.
 
-    baseline/exact: softmax(z / T); sigmoid: sigmoid((z / T - alpha) / (beta - alpha)) normalised;
-    greedy or T == 0: one-hot at the argmax (lowest id on ties). Uses the same arithmetic as the
-    verification kernels, so q here and q there agree to the last bit on the same device.
+    baseline/exact/sigmoid: softmax(z / T); greedy or T == 0: one-hot at the argmax (lowest id on
+    ties). In sigmoid mode the draft still samples from its own softmax, as in Wagner et al. 2024,
+    where the sigmoid replaces the softmax only inside the verification step: sampling the draft from
+    the normalised sigmoid instead makes it near-uniform at the paper's alpha/beta = -/+1e3 (every
+    token's weight is about 0.5), and the decoded text is noise. ``alpha``/``beta`` are accepted for a
+    uniform signature and checked, but do not change q.
     """
     _check_mode_and_parameters(mode, temperature, alpha, beta)
     if logits.dtype not in _FLOAT_DTYPES:
@@ -79,9 +82,6 @@ def draft_probs_from_logits(
         one_hot = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
         return one_hot.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
     z = logits.float() * (1.0 / temperature) if temperature != 1.0 else logits.float()
-    if mode == "sigmoid":
-        weights = sigmoid_weights(z, alpha, beta)
-        return weights / weights.sum(dim=-1, keepdim=True)
     return torch.softmax(z, dim=-1)
 
 

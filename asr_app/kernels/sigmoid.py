@@ -5,7 +5,8 @@ elementwise, with no normalisation, so no reduction over the vocabulary is neede
   draft c is accepted iff  u_c * q_hat(x_c) < p_hat(x_c)   (probability min(1, p_hat/q_hat)),
   at the first rejection n the next token is drawn from max(0, p_hat_n - q_hat_n) normalised,
   if all are accepted (or that residual is identically zero) from p_hat_n normalised.
-The draft is expected to have sampled from q_hat normalised (``draft_probs_from_logits``).
+The draft samples from its own softmax, as in the paper (``draft_probs_from_logits``); the sigmoid
+replaces the softmax only here, in the verification step.
 
 ``verify_sigmoid_torch`` is the reference; ``verify_sigmoid_triton`` takes two launches and reads
 only the drafted ids plus one row per batch entry:
