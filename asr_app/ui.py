@@ -85,18 +85,17 @@ def build_app(engine: UiEngine) -> gr.Blocks:
                 live_text = gr.HTML(live_transcript_html("", ""), label="Transcript")
                 live_figures = gr.Markdown(live_figures_markdown(None))
                 live_outputs = [live_state, live_text, live_figures]
-                # Stream events fire once per chunk ("multiple"); with more than one worker two chunks
-                # of one recording could be handled at once and reach the processor out of order.
-                # One worker for all live events keeps the queue's FIFO order (chunks, then stop);
-                # decoding is serialised by the engine's lock anyway.
+                # A recording is one long-running stream event that holds its worker slot until the
+                # recording stops, so live events get no concurrency limit (a limit of 1 would let
+                # only one person record at a time). Chunks of one recording arrive in order in that
+                # one event; the handler only queues them for the session's own decoding thread.
                 mic.start_recording(live_reset, outputs=live_outputs, api_visibility="private",
-                                    concurrency_limit=1, concurrency_id="live")
+                                    concurrency_limit=None)
                 mic.stream(on_live_chunk, inputs=[mic, live_state, live_mode, live_temperature],
                            outputs=live_outputs, stream_every=STREAM_EVERY_S, time_limit=None,
-                           show_progress="hidden", api_name="live_chunk", concurrency_limit=1,
-                           concurrency_id="live")
+                           show_progress="hidden", api_name="live_chunk", concurrency_limit=None)
                 mic.stop_recording(on_live_stop, inputs=[live_state], outputs=live_outputs, api_name="live_stop",
-                                   concurrency_limit=1, concurrency_id="live")
+                                   concurrency_limit=None)
 
             with gr.Tab("File", id="file"):
                 with gr.Row():

@@ -232,7 +232,11 @@ def live_chunk(engine: UiEngine, chunk: BrowserChunk | None, session: LiveSessio
     """One streamed microphone chunk: queue it for the session's worker, show the text so far."""
     if chunk is None:
         return live_outputs(session)
-    if session is None or session.finished:
+    if session is not None and session.finished:
+        # A chunk that was still on its way when the recording stopped: the transcript is final.
+        # (A new recording starts from an empty state: the start event resets it.)
+        return live_outputs(session)
+    if session is None:
         try:
             session = new_session(engine, mode, temperature)
         except ValueError as exc:  # a mode this launch cannot run

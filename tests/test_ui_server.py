@@ -35,6 +35,8 @@ LJ_SHORT = LJSPEECH_DIR / "wavs" / "LJ001-0002.wav"   # 1.9 s: "in being compara
 LJ_SHORT_TEXT = "in being comparatively modern."
 LJ_OTHER = LJSPEECH_DIR / "wavs" / "LJ001-0008.wav"   # 1.8 s: "has never been surpassed."
 LJ_OTHER_TEXT = "has never been surpassed."
+LJ_LIVE = LJSPEECH_DIR / "wavs" / "LJ001-0004.wav"    # 5.1 s
+LJ_LIVE_TEXT = "produced the block books, which were the immediate predecessors of the true printed book,"
 
 
 def free_port() -> int:
@@ -175,13 +177,13 @@ class DevTools:
                                          stdout=subprocess.DEVNULL, stderr=err)
         os.close(child_r)
         os.close(child_w)
-        self._id, self._buffer, self.session = 0, b"", None
+        self._id, self._buffer = 0, b""
 
-    def send(self, method: str, params: dict | None = None) -> dict:
+    def send(self, method: str, params: dict | None = None, session: str | None = None) -> dict:
         self._id += 1
         message = {"id": self._id, "method": method, "params": params or {}}
-        if self.session and not method.startswith("Target."):
-            message["sessionId"] = self.session
+        if session:
+            message["sessionId"] = session
         os.write(self._to_browser, json.dumps(message).encode() + b"\0")
         while True:
             while b"\0" not in self._buffer:
@@ -196,12 +198,32 @@ class DevTools:
                     raise RuntimeError(f"{method}: {reply['error']}")
                 return reply["result"]
 
-    def open_page(self, url: str) -> None:
-        targets = self.send("Target.getTargets")["targetInfos"]
-        page = next(t for t in targets if t["type"] == "page")
-        self.session = self.send("Target.attachToTarget", {"targetId": page["targetId"], "flatten": True})["sessionId"]
-        self.send("Page.enable")
-        self.send("Page.navigate", {"url": url})
+    def open_page(self, url: str) -> Page:
+        """A new tab showing `url` (each tab is its own Gradio session)."""
+        target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        page = Page(self, session)
+        page.send("Page.enable")
+        page.send("Page.navigate", {"url": url})
+        return page
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._to_browser)
+        os.close(self._from_browser)
+
+
+class Page:
+    def __init__(self, browser: DevTools, session: str):
+        self.browser, self.session = browser, session
+
+    def send(self, method: str, params: dict | None = None) -> dict:
+        return self.browser.send(method, params, self.session)
 
     def js(self, expression: str):
         reply = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True})
@@ -219,19 +241,11 @@ class DevTools:
         raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
     def screenshot(self, path: Path) -> bytes:
+        # A background tab produces no frames in headless mode, and the capture would wait for one.
+        self.send("Page.bringToFront")
         data = base64.b64decode(self.send("Page.captureScreenshot", {"format": "png"})["data"])
         path.write_bytes(data)
         return data
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        os.close(self._to_browser)
-        os.close(self._from_browser)
 
 
 CLICK_BUTTON = """(() => {{
@@ -251,49 +265,61 @@ def _audio_received(page_text: str) -> float:
 
 
 @pytest.mark.skipif(chromium() is None, reason="Debian's chromium is not installed (.ci/run installs it)")
-def test_browser_shows_the_tabs_and_transcribes_the_microphone(server, tmp_path):
-    """Headless Debian chromium loads the page (screenshot of the three tabs), then records
-    jfk.flac through Chrome's fake microphone in the Live tab: the browser's own chunks go
-    through the app's stream events, and stopping finalises the text."""
+def test_browser_shows_the_tabs_and_two_tabs_transcribe_the_microphone(server, tmp_path):
+    """Headless Debian chromium loads the page (screenshot of the three tabs), then two tabs
+    (two Gradio sessions) record a 5 s LJSpeech sentence at the same time through Chrome's fake
+    microphone in the Live tab: the browser's own chunks go through the app's stream events,
+    both sessions stream at once, each gets the speech once (no audio of the other), and
+    stopping finalises the text."""
     url, _ = server
     ARTIFACTS.mkdir(exist_ok=True)
-    # Chrome's fake capture device plays a WAV file as the microphone: jfk at 48 kHz stereo,
-    # with a little silence either side.
-    samples, rate = sf.read(str(JFK_FLAC), dtype="float32")
-    speech = soxr.resample(samples, rate, 48_000)
-    pad = np.zeros((24_000, speech.shape[1]), dtype=np.float32)
+    # Chrome's fake capture device plays a WAV file as the microphone: the sentence at 48 kHz
+    # stereo, with silence either side (the long tail keeps the file from looping while we wait).
+    samples, rate = sf.read(str(LJ_LIVE), dtype="float32")
+    speech = soxr.resample(np.stack([samples, samples], axis=1), rate, 48_000)
+    lead = np.zeros((24_000, speech.shape[1]), dtype=np.float32)
+    tail = np.zeros((48_000 * 30, speech.shape[1]), dtype=np.float32)
     mic_wav = tmp_path / "mic.wav"
-    silence_after = np.zeros((48_000 * 30, speech.shape[1]), dtype=np.float32)
-    sf.write(mic_wav, np.concatenate([pad, speech, silence_after]), 48_000, subtype="PCM_16")
+    sf.write(mic_wav, np.concatenate([lead, speech, tail]), 48_000, subtype="PCM_16")
+    speech_end_s = (len(lead) + len(speech)) / 48_000
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--hide-scrollbars", "--window-size=1280,1000", f"--user-data-dir={tmp_path / 'profile'}",
-             "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-             f"--use-file-for-fake-audio-capture={mic_wav}"]
+             "--disable-background-timer-throttling", "--disable-renderer-backgrounding",
+             "--disable-backgrounding-occluded-windows", "--hide-scrollbars", "--window-size=1280,1000",
+             f"--user-data-dir={tmp_path / 'profile'}", "--use-fake-ui-for-media-stream",
+             "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={mic_wav}"]
     browser = DevTools(chromium(), flags, tmp_path / "chromium.log")
     try:
-        browser.open_page(url)
-        labels = browser.wait_for(f"(() => {{ const l = {BUTTON_LABELS}; return l.includes('Record') && l; }})()",
+        tabs = [browser.open_page(url), browser.open_page(url)]
+        for tab in tabs:
+            labels = tab.wait_for(f"(() => {{ const l = {BUTTON_LABELS}; return l.includes('Record') && l; }})()",
                                   60, "the page to render")
-        for tab in ("Live", "File", "Compare"):
-            assert tab in labels, labels
-        assert "whisper-tiny.en" in browser.js("document.body.innerText")
-        shot = browser.screenshot(ARTIFACTS / "ui_screenshot.png")
+            for name in ("Live", "File", "Compare"):
+                assert name in labels, labels
+        assert "whisper-tiny.en" in tabs[0].js("document.body.innerText")
+        shot = tabs[0].screenshot(ARTIFACTS / "ui_screenshot.png")
         assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 20_000
 
-        assert browser.js(CLICK_BUTTON.format(label="Record"))
+        for tab in tabs:
+            assert tab.js(CLICK_BUTTON.format(label="Record"))
         # The browser drops chunks whose upload has not finished when recording stops, so stop
-        # only once the server has received the whole speech (on a loaded CPU it lags behind);
-        # the long silence after the speech keeps the fake microphone from looping meanwhile.
-        speech_end_s = (len(pad) + len(speech)) / 48_000
+        # only once the server has received the whole speech (on a loaded CPU it lags behind).
         deadline = time.monotonic() + 240
-        while (received := _audio_received(browser.js("document.body.innerText"))) < speech_end_s + 0.5:
-            assert time.monotonic() < deadline, f"server received only {received} s of the recording"
-            time.sleep(0.5)
-        assert browser.js(CLICK_BUTTON.format(label="Stop"))
-        browser.wait_for("document.body.innerText.includes('finished')", 120, "the recording to be finalised")
-        text = browser.js(LIVE_TEXT)
-        browser.screenshot(ARTIFACTS / "ui_live_screenshot.png")
+        for tab in tabs:
+            while (received := _audio_received(tab.js("document.body.innerText"))) < speech_end_s + 0.5:
+                assert time.monotonic() < deadline, f"server received only {received} s of the recording"
+                time.sleep(0.5)
+        for tab in tabs:
+            assert tab.js(CLICK_BUTTON.format(label="Stop"))
+        texts, received = [], []
+        for tab in tabs:
+            tab.wait_for("document.body.innerText.includes('finished')", 180, "the recording to be finalised")
+            texts.append(tab.js(LIVE_TEXT))
+            received.append(_audio_received(tab.js("document.body.innerText")))
+        tabs[0].screenshot(ARTIFACTS / "ui_live_screenshot.png")
     finally:
         browser.close()
-    assert word_error_rate(JFK_TEXT, text) < 0.3, text
+    for text, seconds in zip(texts, received):
+        # Each session heard the recording once: not the other tab's audio too.
+        assert speech_end_s <= seconds < 2 * speech_end_s, received
+        assert word_error_rate(LJ_LIVE_TEXT, text) < 0.3, texts
