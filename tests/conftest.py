@@ -29,6 +29,31 @@ LJSPEECH_DIR = AUDIO_DIR / "ljspeech"
 TEST_OTHER_DIR = AUDIO_DIR / "librispeech-test-other-audio"
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Run a module's tests on one torch thread, then restore the count.
+
+    tiny.en's small matrices gain nothing from a second thread on the 2-core test machines, and two
+    threads that mostly wait on each other were measured several times slower when the box is busy.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_en_pair():
+    """The real tiny.en target with the real distilled decoder-only draft, fp32 on the CPU, loaded once."""
+    import torch
+
+    from asr_app.models import load_pair
+
+    return load_pair(target=str(TINY_EN_DIR), draft=str(DISTIL_DRAFT_DIR), device="cpu", dtype=torch.float32)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not TINY_EN_DIR.is_dir() or not AUDIO_DIR.is_dir():
         raise pytest.UsageError(

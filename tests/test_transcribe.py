@@ -15,7 +15,6 @@ import jiwer
 import numpy as np
 import pytest
 import soundfile as sf
-import torch
 from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, LJSPEECH_DIR, REPO_ROOT, TINY_EN_DIR
 
 from asr_app.audio import SAMPLE_RATE, AudioLoadError, load_audio
@@ -26,6 +25,8 @@ from asr_app.writers import format_timestamp, parse_formats, to_srt, to_vtt, wri
 
 LJ = LJSPEECH_DIR / "wavs"
 MODEL_ARGS = ["--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR), "--device", "cpu"]
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def lj_text(clip_id: str) -> str:
@@ -39,23 +40,11 @@ def normalise(text: str) -> str:
     return " ".join("".join(c for c in " ".join(text.split()).lower() if c.isalnum() or c in " '").split())
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # On a small shared CPU torch's thread pool oversubscribes the cores: tiny.en's small matrices
-    # ran about 5x slower with 2 threads than with 1 on the 2-core test machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
-def decoder():
+def decoder(tiny_en_pair):
     from asr_app.decoding import DecodingOptions, SpeculativeDecoder
-    from asr_app.models import load_pair
 
-    pair = load_pair(target=str(TINY_EN_DIR), draft=str(DISTIL_DRAFT_DIR), device="cpu")
-    return SpeculativeDecoder(pair, DecodingOptions(mode="exact"))
+    return SpeculativeDecoder(tiny_en_pair, DecodingOptions(mode="exact"))
 
 
 @pytest.fixture
