@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -152,17 +153,35 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _port_problem(host: str, port: int) -> str | None:
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server itself will
+            sock.bind((host, port))
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from asr_app.cli.common import decoder_from_args
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    problem = _port_problem(args.host, args.port)
+    if problem:  # say so before spending time on loading the models
+        print(f"error: cannot serve on {args.host}:{args.port}: {problem}", file=sys.stderr)
+        return 2
     decoder = decoder_from_args(args)  # loads the models once for the whole process
     engine = UiEngine.from_decoder(decoder)
     demo = build_app(engine)
     print(f"models loaded: {engine.describe()}", flush=True)
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, ssr_mode=False,
-                footer_links=["api"])
+    try:
+        demo.launch(server_name=args.host, server_port=args.port, share=args.share, ssr_mode=False,
+                    footer_links=["api"])
+    except OSError as err:  # port taken, address not available, ...
+        print(f"error: cannot serve on {args.host}:{args.port}: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -149,6 +149,19 @@ def test_two_concurrent_clients_get_their_own_results(server):
     assert "surpassed" not in first_text.lower() and "modern" not in second_text.lower()
 
 
+def test_port_in_use_is_a_clear_error_before_loading_models():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run([sys.executable, str(REPO_ROOT / "app.py"), "--target", str(TINY_EN_DIR),
+                                 "--device", "cpu", "--port", str(port)],
+                                capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert result.returncode == 2
+    assert f"cannot serve on 127.0.0.1:{port}" in result.stderr and "in use" in result.stderr
+    assert "Traceback" not in result.stderr and "models loaded" not in result.stdout
+
+
 def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
