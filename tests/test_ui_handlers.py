@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 import soxr
-from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, LJSPEECH_DIR, TINY_EN_DIR
+from conftest import JFK_FLAC, LJSPEECH_DIR
 
 from asr_app.decoding import DecodingOptions, SpeculativeDecoder
-from asr_app.models import load_pair
 from asr_app.streaming import StreamingOptions
 from asr_app.ui_engine import UiEngine
 from asr_app.ui_file import compare_modes, transcribe_file
@@ -41,9 +40,8 @@ def ljspeech_text(clip_id: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def engine() -> UiEngine:
-    pair = load_pair(target=str(TINY_EN_DIR), draft=str(DISTIL_DRAFT_DIR), device="cpu")
-    return UiEngine.from_decoder(SpeculativeDecoder(pair, DecodingOptions(mode="exact")),
+def engine(tiny_en_pair, one_torch_thread) -> UiEngine:
+    return UiEngine.from_decoder(SpeculativeDecoder(tiny_en_pair, DecodingOptions(mode="exact")),
                                  streaming=StreamingOptions(step_s=TEST_STEP_S))
 
 

@@ -51,7 +51,7 @@ def server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("app") / "server.log"
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, str(REPO_ROOT / "app.py"), "--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR),
-           "--device", "cpu", "--host", "127.0.0.1", "--port", str(port)]
+           "--device", "cpu", "--threads", "1", "--host", "127.0.0.1", "--port", str(port)]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
