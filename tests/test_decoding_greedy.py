@@ -229,7 +229,9 @@ def test_input_errors(real_pair):
     with pytest.raises(ValueError, match="30 s"):
         decoder.decode(np.zeros(16_000 * 31, dtype=np.float32))
     with pytest.raises(ValueError, match="mono"):
-        decoder.decode(np.zeros((1600, 2), dtype=np.float32))
+        decoder.decode(np.zeros((1600, 2), dtype=np.float32))  # stereo is not 1600 clips
+    with pytest.raises(ValueError, match="mono"):
+        decoder.decode([np.zeros((1600, 2), dtype=np.float32)])
     with pytest.raises(ValueError, match="features must have shape"):
         decoder.decode_features(torch.zeros(1, 80, 100))
     target_only = SpeculativeDecoder(ModelPair(real_pair.target, None, real_pair.processor, real_pair.device,

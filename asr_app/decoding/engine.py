@@ -77,7 +77,12 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ public API
     def decode(self, audio: np.ndarray | list[np.ndarray], options: DecodingOptions | None = None,
                prompts: list[str | None] | None = None) -> list[DecodingResult]:
-        clips = [audio] if isinstance(audio, np.ndarray) and audio.ndim == 1 else list(audio)
+        if isinstance(audio, np.ndarray | torch.Tensor):
+            if audio.ndim != 1:  # never read an (N, C) array as N clips (DESIGN.md: that exhausts memory)
+                raise ValueError(f"expected mono samples of shape (N,) or a list of clips, got an array of shape "
+                                 f"{tuple(audio.shape)}; downmix and resample first (asr_app.audio.prepare_audio)")
+            audio = [audio]
+        clips = list(audio)
         if not clips:
             raise ValueError("no audio given: pass one clip or a non-empty list of clips")
         for i, clip in enumerate(clips):
@@ -256,13 +261,14 @@ class SpeculativeDecoder:
             else:
                 new_tokens = self._choose(target_logits[:, -1], opts, generator, draft=False)[:, None]
                 num_accepted = torch.zeros(len(rows), dtype=torch.long, device=device)
-            logprobs = torch.log_softmax(target_logits.float(), dim=-1).gather(
-                -1, new_tokens.clamp(min=0)[..., None])[..., 0]
             # ---- the one device-to-host copy of the step
             host = torch.cat([new_tokens, num_accepted[:, None]], dim=1).cpu().tolist()
             common = min(row[-1] for row in host)  # drafts every active row accepted
             keep = common + 1
-            step_logprob = logprobs[:, :keep].sum(dim=1)
+            # log p(token) of the kept tokens only (queued after the copy: no extra sync)
+            kept_logits = target_logits[:, :keep].float()
+            logprobs = kept_logits.gather(-1, new_tokens[:, :keep, None])[..., 0] - kept_logits.logsumexp(dim=-1)
+            step_logprob = logprobs.sum(dim=1)
             finished: list[int] = []
             for i, r in enumerate(rows):
                 toks = host[i][:keep]

@@ -11,6 +11,7 @@ import time
 from contextlib import contextmanager
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from asr_app.decoding.options import DecodingOptions, DecodingStats
 from asr_app.decoding.prompt import Prompt
@@ -62,10 +63,13 @@ def decode_hf(target, draft, features: torch.Tensor, prompt: Prompt, opts: Decod
     t_dec, d_dec = target.get_decoder(), draft.get_decoder()
     counters = [_CallCounter(t_dec)] + ([_CallCounter(d_dec)] if d_dec is not t_dec else [])
     t0 = time.perf_counter()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # generate() warns about max_length/max_new_tokens on every call
     try:
         with _assistant_schedule(draft, opts.gamma), torch.inference_mode():
             out = target.generate(**kwargs)
     finally:
+        hf_logging.set_verbosity(verbosity)
         for c in counters:
             c.handle.remove()
     stats.total_s = time.perf_counter() - t0
@@ -74,11 +78,12 @@ def decode_hf(target, draft, features: torch.Tensor, prompt: Prompt, opts: Decod
     # generate() returns what follows the prompt; drop any echoed prompt/special prefix
     if prompt.sot_index > 0 and tokens[: len(prompt.tokens)] == list(prompt.tokens):
         tokens = tokens[len(prompt.tokens):]
-    stats.tokens_out = len(tokens)
+    # generate() drops the closing EOS; count it like our loop does when the row ended before the cap
+    stats.tokens_out = len(tokens) + (1 if len(tokens) < opts.max_new_tokens else 0)
     if len(counters) == 2:
         stats.target_calls = counters[0].calls
         stats.draft_calls = counters[1].calls
         stats.drafted = counters[1].calls
-        stats.accepted = max(0, len(tokens) - stats.target_calls)
+        stats.accepted = max(0, stats.tokens_out - stats.target_calls)
     stats.finalise()
     return tokens, stats

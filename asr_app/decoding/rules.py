@@ -75,9 +75,15 @@ class SuppressTokens:
     def __init__(self, tokens: list[int], vocab: int, device: torch.device) -> None:
         self.mask = torch.zeros(vocab, dtype=torch.bool, device=device)
         self.mask[torch.tensor(tokens, dtype=torch.long)] = True
+        # adding a 0/-inf row is several times faster than a broadcast masked_fill on CPU (every step runs it)
+        self.bias = torch.zeros(vocab, device=device).masked_fill(self.mask, NEG_INF)
+        self._bias_by_dtype: dict[torch.dtype, torch.Tensor] = {}
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits.masked_fill(self.mask, NEG_INF)
+        bias = self._bias_by_dtype.get(logits.dtype)
+        if bias is None:
+            bias = self._bias_by_dtype[logits.dtype] = self.bias.to(logits.dtype)
+        return logits + bias
 
 
 class ApplyTimestampRules:
