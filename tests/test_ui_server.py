@@ -268,6 +268,13 @@ CLICK_BUTTON = """(() => {{
   b.click();
   return true;
 }})()"""
+# Gradio renders the tab buttons twice (one copy measures overflow); the last one is the real one.
+CLICK_LAST_BUTTON = """(() => {{
+  const bs = Array.from(document.querySelectorAll('button')).filter(b => b.textContent.trim() === {label!r});
+  if (!bs.length) return false;
+  bs[bs.length - 1].click();
+  return true;
+}})()"""
 BUTTON_LABELS = "Array.from(document.querySelectorAll('button')).map(b => b.textContent.trim())"
 LIVE_TEXT = "(document.querySelector('.asr-live-transcript') || {innerText: ''}).innerText"
 
@@ -330,8 +337,32 @@ def test_browser_shows_the_tabs_and_two_tabs_transcribe_the_microphone(server, t
             texts.append(tab.js(LIVE_TEXT))
             received.append(_audio_received(tab.js("document.body.innerText")))
         tabs[0].screenshot(ARTIFACTS / "ui_live_screenshot.png")
+
+        # The Compare tab in the browser: upload a clip, give a reference, run the three modes.
+        page = tabs[0]
+        assert page.js(CLICK_LAST_BUTTON.format(label="Compare"))
+        page.wait_for("document.querySelectorAll('input[type=file]').length > 0", 30, "the Compare tab")
+        page.send("DOM.enable")
+        root = page.send("DOM.getDocument", {"depth": -1, "pierce": True})["root"]["nodeId"]
+        for node in page.send("DOM.querySelectorAll", {"nodeId": root, "selector": "input[type=file]"})["nodeIds"]:
+            page.send("DOM.setFileInputFiles", {"files": [str(LJ_SHORT)], "nodeId": node})
+        page.js("Array.from(document.querySelectorAll('input[type=file]'))"
+                ".forEach(e => e.dispatchEvent(new Event('change', {bubbles: true})))")
+        # The visible drop zone (the Compare tab's) gives way to the uploaded clip's player.
+        page.wait_for("!document.body.innerText.includes('Drop Audio Here')", 30, "the upload")
+        page.js(f"""(() => {{ const t = Array.from(document.querySelectorAll('textarea')).find(t => t.offsetParent);
+            t.value = {LJ_SHORT_TEXT!r}; t.dispatchEvent(new Event('input', {{bubbles: true}})); return true; }})()""")
+        assert page.js(CLICK_BUTTON.format(label="Compare exact / sigmoid / baseline"))
+        page.wait_for("document.body.innerText.includes('Highlights show')", 120, "the comparison")
+        compare_text = page.js("document.body.innerText")
+        page.screenshot(ARTIFACTS / "ui_compare_screenshot.png")
     finally:
         browser.close()
+    assert "differ from the reference" in compare_text
+    # The figures table as rendered: mode, WER, latency, ... one cell per line.
+    table_rows = re.findall(r"^(exact|sigmoid|baseline)\n([\d.]+)\n([\d.]+)\n", compare_text, flags=re.M)
+    assert [row[0] for row in table_rows] == ["exact", "sigmoid", "baseline"], compare_text[-1500:]
+    assert all(float(wer) >= 0 and float(latency) > 0 for _, wer, latency in table_rows)
     for text, seconds in zip(texts, received):
         # Each session heard the recording once: not the other tab's audio too.
         assert speech_end_s <= seconds < 2 * speech_end_s, received
