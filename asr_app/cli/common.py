@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from asr_app.decoding import MODES, DecodingOptions, SpeculativeDecoder
-from asr_app.models import PRESETS, ModelLoadError, load_pair
+from asr_app.models import PRESETS, load_pair
 
 log = logging.getLogger(__name__)
 
@@ -50,22 +50,19 @@ def options_from_args(args: argparse.Namespace, **overrides) -> DecodingOptions:
     fields = dict(mode=args.mode, temperature=args.temperature, gamma=args.gamma, alpha=args.alpha,
                   beta=args.beta, seed=args.seed)
     fields.update(overrides)
-    try:
-        return DecodingOptions(**fields)
-    except ValueError as err:
-        raise SystemExit(f"error: {err}") from None
+    return DecodingOptions(**fields)  # ValueError with a readable message on bad values
 
 
 def decoder_from_args(args: argparse.Namespace) -> SpeculativeDecoder:
-    """Load the pair named by the arguments and build a decoder; bad input exits with a clear message."""
+    """Load the pair named by the arguments and build a decoder.
+
+    Raises `ModelLoadError` (a RuntimeError: missing model, mismatched pair) or `ValueError` (bad option
+    values) with a message meant for the user; the CLIs print it instead of a traceback."""
     options = options_from_args(args)
     draft = args.draft
     if options.mode == "off" and draft == "auto":
         draft = None  # target-only decoding: do not load a draft nobody will run
-    try:
-        pair = load_pair(pair=args.pair, target=args.target, draft=draft, device=args.device, dtype=args.dtype)
-    except ModelLoadError as err:
-        raise SystemExit(f"error: {err}") from None
+    pair = load_pair(pair=args.pair, target=args.target, draft=draft, device=args.device, dtype=args.dtype)
     if pair.draft is None and options.mode != "off":
         log.warning("no draft model for '%s': decoding with the target only (mode off)", pair.target_name)
         options = options_from_args(args, mode="off")

@@ -1,0 +1,40 @@
+"""asr_app.cli.common: the shared model/decoding arguments and the decoder they build."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from conftest import TINY_EN_DIR
+
+from asr_app.cli.common import add_model_args, decoder_from_args, parse_gamma
+from asr_app.models import ModelLoadError
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return add_model_args(argparse.ArgumentParser()).parse_args(list(argv))
+
+
+def test_arguments_and_defaults():
+    args = parse()
+    assert (args.pair, args.target, args.draft, args.mode, args.temperature, args.gamma) == (
+        None, None, "auto", "exact", 0.0, None)
+    assert parse("--gamma", "3").gamma == 3 and parse("--gamma", "heuristic").gamma is None
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_gamma("0")
+    with pytest.raises(SystemExit):
+        parse("--mode", "turbo")
+
+
+def test_decoder_from_args_builds_the_pair_and_options():
+    decoder = decoder_from_args(parse("--target", str(TINY_EN_DIR), "--draft", "derived", "--mode", "sigmoid",
+                                      "--gamma", "4", "--alpha", "-10", "--beta", "10", "--seed", "7"))
+    o = decoder.options
+    assert (o.mode, o.gamma, o.alpha, o.beta, o.seed) == ("sigmoid", 4, -10.0, 10.0, 7)
+    assert decoder.pair.draft is not None and decoder.pair.shared_encoder
+    # no draft: speculative modes fall back to target-only decoding
+    assert decoder_from_args(parse("--target", str(TINY_EN_DIR), "--draft", "none")).options.mode == "off"
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        decoder_from_args(parse("--target", "/nonexistent/model"))
+    with pytest.raises(ValueError, match="beta > alpha"):
+        decoder_from_args(parse("--target", str(TINY_EN_DIR), "--mode", "sigmoid", "--alpha", "1", "--beta", "0"))
