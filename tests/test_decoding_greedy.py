@@ -240,3 +240,24 @@ def test_input_errors(real_pair):
         target_only.decode(np.zeros(1600, dtype=np.float32), DecodingOptions(mode="exact"))
     with pytest.raises(ValueError, match="unknown decoding mode"):
         DecodingOptions(mode="fast")
+
+
+def test_stats_and_profiled_verify(processor, tiny_features):
+    target = tiny_target()
+    pair = make_pair(target, perturbed_copy(target, scale=0.1, seed=3), processor)
+    decoder = SpeculativeDecoder(pair)
+    opts = DecodingOptions(mode="exact", max_new_tokens=20, gamma=3, profile_verify=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        res = decoder.decode_features(tiny_features, opts)[0]
+    st = res.stats
+    labelled = [e for e in prof.events() if e.name == "asr_app.verify"]
+    # one labelled, timed verify per step that drafted (a last step with no room to draft has none)
+    assert 0 < len(labelled) == len(st.verify_steps) <= st.target_calls
+    assert all(0 < g <= 3 and s > 0 for g, s in st.verify_steps)
+    assert st.drafted == st.draft_calls == sum(g for g, _ in st.verify_steps)
+    assert 0 <= st.accepted <= st.drafted and st.acceptance_rate == pytest.approx(st.accepted / st.drafted)
+    assert st.tokens_out == len(res.tokens) + (1 if st.tokens_out < 20 else 0)
+    assert st.tokens_out == st.target_calls + st.accepted  # each step keeps its accepted drafts + one token
+    assert st.total_s >= st.encoder_s + st.draft_s + st.target_s + st.verify_s > 0
+    plain = decoder.decode_features(tiny_features, DecodingOptions(mode="exact", max_new_tokens=20, gamma=3))[0]
+    assert plain.tokens == res.tokens and plain.stats.verify_steps == []
