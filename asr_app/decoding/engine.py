@@ -213,6 +213,7 @@ class SpeculativeDecoder:
         no_speech = torch.zeros(batch, dtype=torch.float32, device=device)
         state = RuleState.initial(batch, device)
         policy = GammaPolicy(opts.gamma)
+        stop_at_eos = device.type == "cpu"
         t_cache = d_cache = None
         t_len = d_len = 0  # tokens of `history` already in each cache
         generated = 0
@@ -233,6 +234,11 @@ class SpeculativeDecoder:
                     tokens_list.append(token)
                     logits_list.append(logits)
                     ids = token[:, None]
+                    # Drafts after an EOS are never kept, so stop once every row has drafted EOS. Only on
+                    # CPU, where reading the token costs nothing; on a GPU it would be a sync per draft.
+                    if stop_at_eos and bool((token == self.eos).all()):
+                        break
+                gamma = len(tokens_list)
                 d_len = length + gamma - 1  # the last draft token is proposed but not yet fed
                 draft_tokens = torch.stack(tokens_list, dim=1)
                 draft_logits = torch.cat(logits_list, dim=1)
