@@ -197,3 +197,24 @@ class MicrophoneSource:
                     block = resampler.resample_chunk(block)
                 if block.size:
                     yield block.astype(np.float32, copy=False)
+
+
+# RMS of a 30 ms frame below which audio counts as silence. Whisper does not stay quiet on silence
+# (tiny.en says "you" on 2 s of digital zeros and its no-speech rule does not catch it), so every
+# path that decodes (files, streaming, the web app) skips audio in which no frame reaches this.
+SILENCE_RMS = 0.003
+_GATE_FRAME = 480  # 30 ms at 16 kHz
+
+
+def peak_frame_rms(audio: np.ndarray, frame: int = _GATE_FRAME) -> float:
+    """The largest RMS over consecutive `frame`-sample frames of 16 kHz mono audio (0.0 when empty)."""
+    if audio.size == 0:
+        return 0.0
+    usable = audio[: audio.size - audio.size % frame] if audio.size >= frame else audio
+    frames = usable.reshape(-1, frame) if usable.size >= frame else usable[None, :]
+    return float(np.sqrt(np.mean(np.square(frames, dtype=np.float64), axis=1)).max())
+
+
+def is_silent(audio: np.ndarray, threshold: float = SILENCE_RMS) -> bool:
+    """True when no 30 ms frame of `audio` reaches `threshold` RMS: nothing there worth decoding."""
+    return peak_frame_rms(audio) < threshold

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from asr_app.audio import SAMPLE_RATE, prepare_audio
+from asr_app.audio import SAMPLE_RATE, SILENCE_RMS, peak_frame_rms, prepare_audio
 
 _NORMALISE = re.compile(r"[^\w']+")
 
@@ -147,7 +147,7 @@ class StreamingOptions:
     prompt_chars: int = 200           # committed text before the buffer, passed as the decoder prompt
     no_speech_threshold: float = 0.6  # Whisper's rule: no speech if P(nospeech) > this ...
     logprob_threshold: float = -1.0   # ... and the mean log-prob is below this
-    energy_threshold: float = 0.003   # RMS (of 30 ms frames) below which the whole buffer is silence
+    energy_threshold: float = SILENCE_RMS  # RMS (of 30 ms frames) below which the whole buffer is silence
     decoding: Any = None              # DecodingOptions; None = the decoder's own, with timestamps on
 
 
@@ -174,14 +174,6 @@ class StepRecord:
     compute_s: float
     skipped_silence: bool
     acceptance_rate: float | None
-
-
-def _frame_rms_max(audio: np.ndarray, frame: int = 480) -> float:
-    if audio.size == 0:
-        return 0.0
-    usable = audio[: audio.size - audio.size % frame] if audio.size >= frame else audio
-    frames = usable.reshape(-1, frame) if usable.size >= frame else usable[None, :]
-    return float(np.sqrt((frames.astype(np.float64) ** 2).mean(axis=1)).max())
 
 
 class StreamingProcessor:
@@ -295,7 +287,7 @@ class StreamingProcessor:
 
     def _hypothesis(self) -> tuple[list[Word], list[Any], bool, float | None]:
         """Decode the buffer -> (words in stream time, segments, skipped as silence, acceptance)."""
-        if _frame_rms_max(self._buffer) < self.options.energy_threshold:
+        if peak_frame_rms(self._buffer) < self.options.energy_threshold:
             return [], [], True, None
         result = self.decoder.decode([self._buffer], self.decoding, prompts=[self._prompt()])[0]
         if (result.no_speech_prob > self.options.no_speech_threshold
@@ -310,7 +302,7 @@ class StreamingProcessor:
         events: list[StreamEvent] = []
         new_audio = self._buffer[-min(self._received - self._decoded_upto, self._buffer.size):]
         if (not final and self.committed and not self.agreement.tail
-                and _frame_rms_max(new_audio) < self.options.energy_threshold):
+                and peak_frame_rms(new_audio) < self.options.energy_threshold):
             # Everything heard so far is committed and only silence arrived since: re-decoding could
             # only repeat it. Drop the committed audio (the prompt keeps its text) and wait.
             self._decoded_upto = self._received

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from asr_app.audio import SAMPLE_RATE, AudioLoadError, load_audio, prepare_audio
+from asr_app.audio import SAMPLE_RATE, SILENCE_RMS, AudioLoadError, is_silent, load_audio, prepare_audio
 from asr_app.decoding import DecodingOptions, Segment
 from asr_app.writers import jsonable, write_outputs
 
@@ -37,6 +37,7 @@ class TranscribeOptions:
     prompt_chars: int = 200                  # how much previous text to pass as the prompt
     no_speech_threshold: float = 0.6         # Whisper's silence rule: skip a window if P(nospeech) > this
     logprob_threshold: float = -1.0          # ... and its mean log-prob is below this
+    energy_threshold: float = SILENCE_RMS    # a window with no 30 ms frame this loud is skipped, not decoded
     batch_size: int = 1
 
 
@@ -193,7 +194,17 @@ def transcribe_many(decoder: Any, items: Iterable[tuple[Any, str | Path | np.nda
         if not active:
             return
         finished: list[tuple[_LongForm, Exception | None]] = []
-        for job, outcome in _decode_round(decoder, active, decoding, options):
+        for job in [j for j in active if is_silent(j.window(), options.energy_threshold)]:
+            # Whisper invents words on silence; a silent window is consumed without decoding it.
+            before = job.seek
+            job.seek += len(job.window())
+            job.windows += 1
+            if on_progress:
+                on_progress((job.seek - before) / SAMPLE_RATE)
+            if job.done:
+                finished.append((job, None))
+        audible = [j for j in active if all(j is not f for f, _ in finished)]
+        for job, outcome in _decode_round(decoder, audible, decoding, options) if audible else ():
             if isinstance(outcome, Exception):
                 finished.append((job, outcome))
                 continue

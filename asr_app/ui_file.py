@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asr_app.audio import SAMPLE_RATE, AudioLoadError, load_audio
+from asr_app.audio import SAMPLE_RATE, AudioLoadError, is_silent, load_audio
 from asr_app.transcribe import transcribe
 from asr_app.ui_engine import COMPARE_MODES, UiEngine
 from asr_app.ui_text import basic_normalize, count_differences, word_diff, word_error_rate
@@ -51,15 +51,6 @@ def _load(path: str | Path | None) -> tuple[np.ndarray | None, str]:
     if audio.size == 0:
         return None, f"Cannot use this file: {Path(path).name} holds no audio"
     return audio, ""
-
-
-def is_silent(audio: np.ndarray, threshold: float) -> bool:
-    """True when no 30 ms frame reaches `threshold` RMS: Whisper invents words ("you") on
-    silence, so the app does not decode it (the streaming processor gates the same way)."""
-    frame = 480
-    usable = audio[: audio.size - audio.size % frame].reshape(-1, frame) if audio.size >= frame else audio[None, :]
-    rms = np.sqrt(np.mean(np.square(usable, dtype=np.float64), axis=1))
-    return float(rms.max()) < threshold
 
 
 def _display_name(path: str | Path) -> str:

@@ -168,3 +168,17 @@ def test_microphone_without_input_device_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "sounddevice", fake)
     with pytest.raises(MicrophoneError, match="no usable input device"):
         MicrophoneSource()
+
+
+def test_energy_gate_on_silence_noise_and_speech():
+    from asr_app.audio import SILENCE_RMS, is_silent, peak_frame_rms
+
+    assert is_silent(np.zeros(16_000, dtype=np.float32)) and peak_frame_rms(np.zeros(0, np.float32)) == 0.0
+    hiss = np.random.default_rng(0).normal(0, SILENCE_RMS / 4, 16_000).astype(np.float32)
+    assert is_silent(hiss)
+    speech = load_audio(JFK_FLAC)
+    assert not is_silent(speech) and peak_frame_rms(speech) > 10 * SILENCE_RMS
+    # one loud 30 ms frame in a second of silence is enough to count as sound
+    blip = np.zeros(16_000, dtype=np.float32)
+    blip[4800:5280] = 0.1
+    assert not is_silent(blip)

@@ -288,3 +288,20 @@ def test_duration_probe_handles_bad_file(tmp_path):
     bad.write_text("nope")
     assert cli._duration(bad) == 0.0
     assert cli._duration(LJ / "LJ001-0002.wav") == pytest.approx(sf.info(str(LJ / "LJ001-0002.wav")).duration)
+
+
+def test_silence_is_skipped_not_transcribed(decoder):
+    # tiny.en says "you" when it decodes 2 s of digital zeros; the energy gate must stop that, in a
+    # file of pure silence and in the silent stretch between two real clips.
+    silent = transcribe(decoder, np.zeros(2 * SAMPLE_RATE, dtype=np.float32))
+    assert silent.text == "" and silent.segments == []
+    speech = load_audio(LJSPEECH_DIR / "wavs" / "LJ001-0002.wav")
+    gap = np.zeros(65 * SAMPLE_RATE, dtype=np.float32)  # at least one whole 30 s window of pure silence
+    padded = transcribe(decoder, np.concatenate([speech, gap, speech]))
+    alone = transcribe(decoder, speech)
+    words = padded.text.lower().split()
+    assert words.count("comparatively") == 2, padded.text
+    assert "you" not in alone.text.lower().split() and "you" not in words
+    assert padded.stats["windows"] == 2  # decoded windows: the two with speech; the silent ones were skipped
+    starts = [s.start for s in padded.segments]
+    assert starts == sorted(starts) and padded.segments[-1].start >= 60.0
