@@ -150,9 +150,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 for every one)")
     parser.add_argument("--port", type=int, default=7860, help="port to listen on")
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's choice; on a small CPU 1 leaves a core for the "
-                             "web server)")
     return parser.parse_args(argv)
 
 
@@ -167,7 +164,7 @@ def _port_problem(host: str, port: int) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from asr_app.cli.common import decoder_from_args
+    from asr_app.cli.common import load_decoder_or_report
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
@@ -175,11 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:  # say so before spending time on loading the models
         print(f"error: cannot serve on {args.host}:{args.port}: {problem}", file=sys.stderr)
         return 2
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(max(1, args.threads))
-    decoder = decoder_from_args(args)  # loads the models once for the whole process
+    decoder = load_decoder_or_report(args, "app.py")  # the models load once, here
+    if decoder is None:
+        return 2
     engine = UiEngine.from_decoder(decoder)
     demo = build_app(engine)
     print(f"models loaded: {engine.describe()}", flush=True)

@@ -38,3 +38,32 @@ def test_decoder_from_args_builds_the_pair_and_options():
         decoder_from_args(parse("--target", "/nonexistent/model"))
     with pytest.raises(ValueError, match="beta > alpha"):
         decoder_from_args(parse("--target", str(TINY_EN_DIR), "--mode", "sigmoid", "--alpha", "1", "--beta", "0"))
+
+
+@pytest.mark.parametrize("entry", ["asr_app.cli.transcribe", "asr_app.cli.stream", "asr_app.eval.cli", "asr_app.ui"])
+def test_every_entry_point_reports_a_missing_model_in_one_line(entry, capsys, tmp_path):
+    import importlib
+    import socket
+
+    main = importlib.import_module(entry).main
+    clip = tmp_path / "clip.wav"
+    import numpy as np
+    import soundfile as sf
+
+    sf.write(clip, np.zeros(1600, dtype=np.float32), 16000)
+    missing = ["--target", str(tmp_path / "no-such-model"), "--draft", "none", "--device", "cpu", "--threads", "1"]
+    argv = {
+        "asr_app.cli.transcribe": [str(clip), *missing],
+        "asr_app.cli.stream": ["--simulate", str(clip), "--fast", *missing],
+        "asr_app.eval.cli": ["--dataset", "folder", "--data-dir", str(tmp_path), "--modes", "off", *missing],
+        "asr_app.ui": ["--port", "0", *missing],
+    }[entry]
+    if entry == "asr_app.eval.cli":
+        (tmp_path / "clip.txt").write_text("nothing\n")
+    if entry == "asr_app.ui":
+        with socket.socket() as s:  # a free port, so the launcher gets as far as loading the models
+            s.bind(("127.0.0.1", 0))
+            argv[1] = str(s.getsockname()[1])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cannot load the models" in err and "no-such-model" in err and "Traceback" not in err

@@ -199,7 +199,7 @@ def stream_cli(monkeypatch, decoder):
     def from_args(args):  # reuse the loaded tiny.en, after checking the CLI asked for it
         assert args.target == str(TINY_EN_DIR) and args.mode == decoder.options.mode
         return decoder
-    monkeypatch.setattr(stream, "decoder_from_args", from_args)
+    monkeypatch.setattr("asr_app.cli.common.decoder_from_args", from_args)
     return stream
 
 

@@ -54,7 +54,7 @@ def reuse_decoder(monkeypatch, decoder):
     def from_args(args):
         assert args.target == str(TINY_EN_DIR) and args.mode == decoder.options.mode
         return decoder
-    monkeypatch.setattr(cli, "decoder_from_args", from_args)
+    monkeypatch.setattr("asr_app.cli.common.decoder_from_args", from_args)
 
 
 # -- Whisper's window segmentation (token logic only) ---------------------------------------

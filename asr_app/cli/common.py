@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
+
+import torch
 
 from asr_app.decoding import MODES, DecodingOptions, SpeculativeDecoder
 from asr_app.models import PRESETS, load_pair
@@ -27,7 +30,8 @@ def parse_gamma(value: str) -> int | None:
 def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group("model and decoding")
     group.add_argument("--pair", choices=sorted(PRESETS), default=None,
-                       help="target/draft preset (default: large-v3 when available on CUDA, else the offline tiny.en)")
+                       help="target/draft preset (default: the device's preset, large-v3 on CUDA or small.en on CPU, when it "
+                            "is cached or the hub is reachable; else the offline tiny.en)")
     group.add_argument("--target", default=None, help="target Whisper model: hub id or local directory")
     group.add_argument("--draft", default="auto",
                        help="draft model: hub id or local directory, 'none' (target only), 'derived' (decoder "
@@ -43,6 +47,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--alpha", type=float, default=-1e3, help="sigmoid mode: lower logit bound (default -1e3)")
     group.add_argument("--beta", type=float, default=1e3, help="sigmoid mode: upper logit bound (default 1e3)")
     group.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
+    group.add_argument("--threads", type=int, default=None,
+                       help="torch CPU threads (default: torch's choice; 1 is often fastest for tiny models on a "
+                            "small or busy CPU)")
     return parser
 
 
@@ -58,6 +65,9 @@ def decoder_from_args(args: argparse.Namespace) -> SpeculativeDecoder:
 
     Raises `ModelLoadError` (a RuntimeError: missing model, mismatched pair) or `ValueError` (bad option
     values) with a message meant for the user; the CLIs print it instead of a traceback."""
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        torch.set_num_threads(max(1, threads))
     options = options_from_args(args)
     draft = args.draft
     if options.mode == "off" and draft == "auto":
@@ -67,3 +77,12 @@ def decoder_from_args(args: argparse.Namespace) -> SpeculativeDecoder:
         log.warning("no draft model for '%s': decoding with the target only (mode off)", pair.target_name)
         options = options_from_args(args, mode="off")
     return SpeculativeDecoder(pair, options)
+
+
+def load_decoder_or_report(args: argparse.Namespace, prog: str) -> SpeculativeDecoder | None:
+    """`decoder_from_args` for a command-line tool: on a model problem print one clear line, return None."""
+    try:
+        return decoder_from_args(args)
+    except (OSError, ValueError, RuntimeError) as exc:  # ModelLoadError is a RuntimeError
+        print(f"{prog}: error: cannot load the models: {exc}", file=sys.stderr)
+        return None

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import TextIO
 
-from asr_app.cli.common import add_model_args, decoder_from_args
+from asr_app.cli.common import add_model_args, load_decoder_or_report
 from asr_app.streaming import StreamEvent, StreamingOptions, StreamingProcessor, latency_report
 
 
@@ -33,9 +33,6 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--jsonl", action="store_true", help="print every event as a JSON line")
     output.add_argument("--plain", action="store_true", help="only committed text, one line per commit")
     parser.add_argument("--stats", action="store_true", help="print latency/RTF statistics to stderr at the end")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's choice; 1 is often fastest for tiny models "
-                             "on a small or busy CPU)")
     add_model_args(parser)
     return parser
 
@@ -95,14 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     except (AudioLoadError, MicrophoneError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(max(1, args.threads))
-    try:
-        decoder = decoder_from_args(args)
-    except Exception as exc:  # noqa: BLE001 - model problems are the user's to fix, not a traceback
-        print(f"error: could not load the model: {exc}", file=sys.stderr)
+    decoder = load_decoder_or_report(args, "asr-stream")  # the models load once, here
+    if decoder is None:
         return 2
 
     style = "jsonl" if args.jsonl else "plain" if (args.plain or not sys.stdout.isatty()) else "terminal"

@@ -15,7 +15,7 @@ from pathlib import Path
 import soundfile as sf
 
 from asr_app.audio import is_audio_path
-from asr_app.cli.common import add_model_args, decoder_from_args
+from asr_app.cli.common import add_model_args, load_decoder_or_report
 from asr_app.writers import FORMATS, RENDERERS, output_paths, parse_formats, remove_stale_temps, write_outputs
 
 
@@ -39,9 +39,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="skip files whose outputs all exist already (resume an interrupted run)")
     parser.add_argument("--batch-size", type=int, default=1, help="files decoded together (default 1)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's choice; 1 is often fastest for tiny models "
-                             "on a small or busy CPU)")
     add_model_args(parser)
     if "--language" not in parser._option_string_actions:  # common.py may or may not define it
         parser.add_argument("--language", default="en", help="spoken language (default en)")
@@ -112,14 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     # Imported here so that argument errors and "nothing to do" stay instant.
     from asr_app.transcribe import TranscribeOptions, transcribe_many
 
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(max(1, args.threads))
-    try:
-        decoder = decoder_from_args(args)
-    except Exception as exc:  # noqa: BLE001 - model problems are the user's to fix, not a traceback
-        print(f"error: could not load the model: {exc}", file=sys.stderr)
+    decoder = load_decoder_or_report(args, "asr-transcribe")  # the models load once, here
+    if decoder is None:
         return 2
     decoding = dataclasses.replace(decoder.options, language=args.language)
     options = TranscribeOptions(decoding=decoding, batch_size=args.batch_size)

@@ -73,8 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default: asr-eval-results/<dataset>-<UTC time>)")
     run.add_argument("--max-new-tokens", type=int, default=None,
                      help="cap on generated tokens per utterance (default: the decoder's, 224)")
-    run.add_argument("--threads", type=int, default=None,
-                     help="torch CPU threads (default: torch's choice; 1 is often fastest for tiny models on small CPUs)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_model_args(parser)
     # The evaluator's default comparison is the paper's: sampling at temperature 1.0. It compares the
@@ -109,14 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asr-eval: error: {exc}", file=sys.stderr)
         return 2
 
-    from asr_app.cli.common import decoder_from_args
+    from asr_app.cli.common import load_decoder_or_report
 
-    if args.threads is not None:
-        torch.set_num_threads(max(1, args.threads))
-    try:
-        decoder = decoder_from_args(args)
-    except (OSError, ValueError, RuntimeError) as exc:  # ModelLoadError is a RuntimeError
-        print(f"asr-eval: error: cannot load the models: {exc}", file=sys.stderr)
+    decoder = load_decoder_or_report(args, "asr-eval")  # the models load once, here
+    if decoder is None:
         return 2
     pair = decoder.pair
     needs_draft = [m for m in args.modes if m != "off"] + (["sigmoid"] if args.sweep_scale else [])
