@@ -29,6 +29,19 @@ LJSPEECH_DIR = AUDIO_DIR / "ljspeech"
 TEST_OTHER_DIR = AUDIO_DIR / "librispeech-test-other-audio"
 
 
+def lj_text(clip_id: str) -> str:
+    """The LJSpeech transcript of one clip (metadata.csv: id|text)."""
+    for line in (LJSPEECH_DIR / "metadata.csv").read_text().splitlines():
+        if line.startswith(clip_id + "|"):
+            return line.split("|", 1)[1]
+    raise KeyError(clip_id)
+
+
+def normalise(text: str) -> str:
+    """Lower-case words of letters, digits and apostrophes: enough to compare two transcripts."""
+    return " ".join("".join(c for c in " ".join(text.split()).lower() if c.isalnum() or c in " '").split())
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Run a module's tests on one torch thread, then restore the count.

@@ -8,7 +8,7 @@ import json
 import jiwer
 import numpy as np
 import pytest
-from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, LJSPEECH_DIR, TINY_EN_DIR
+from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, LJSPEECH_DIR, TINY_EN_DIR, lj_text, normalise
 
 from asr_app.audio import SAMPLE_RATE, FileSource, load_audio
 from asr_app.decoding import DecodingOptions
@@ -107,17 +107,6 @@ def decoder(tiny_en_pair):
     from asr_app.decoding import SpeculativeDecoder
 
     return SpeculativeDecoder(tiny_en_pair, DecodingOptions(mode="exact"))
-
-
-def lj_text(clip_id: str) -> str:
-    for line in (LJSPEECH_DIR / "metadata.csv").read_text().splitlines():
-        if line.startswith(clip_id + "|"):
-            return line.split("|", 1)[1]
-    raise KeyError(clip_id)
-
-
-def normalise(text: str) -> str:
-    return " ".join("".join(c for c in " ".join(text.split()).lower() if c.isalnum() or c in " '").split())
 
 
 def run_stream(decoder, audio, options=StreamingOptions()):

@@ -15,7 +15,7 @@ import jiwer
 import numpy as np
 import pytest
 import soundfile as sf
-from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, LJSPEECH_DIR, REPO_ROOT, TINY_EN_DIR
+from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, LJSPEECH_DIR, REPO_ROOT, TINY_EN_DIR, lj_text, normalise
 
 from asr_app.audio import SAMPLE_RATE, AudioLoadError, load_audio
 from asr_app.cli import transcribe as cli
@@ -27,17 +27,6 @@ LJ = LJSPEECH_DIR / "wavs"
 MODEL_ARGS = ["--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR), "--device", "cpu"]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def lj_text(clip_id: str) -> str:
-    for line in (LJSPEECH_DIR / "metadata.csv").read_text().splitlines():
-        if line.startswith(clip_id + "|"):
-            return line.split("|", 1)[1]
-    raise KeyError(clip_id)
-
-
-def normalise(text: str) -> str:
-    return " ".join("".join(c for c in " ".join(text.split()).lower() if c.isalnum() or c in " '").split())
 
 
 @pytest.fixture(scope="module")
