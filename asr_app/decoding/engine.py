@@ -214,6 +214,7 @@ class SpeculativeDecoder:
         state = RuleState.initial(batch, device)
         policy = GammaPolicy(opts.gamma)
         stop_at_eos = device.type == "cpu"
+        num_draft_cache: dict[tuple[int, int], torch.Tensor] = {}
         t_cache = d_cache = None
         t_len = d_len = 0  # tokens of `history` already in each cache
         generated = 0
@@ -253,7 +254,10 @@ class SpeculativeDecoder:
             target_s += timer.lap()
             # ---- verification (or a plain target choice when nothing was drafted)
             if gamma > 0:
-                num_draft = torch.full((len(rows),), gamma, dtype=torch.long, device=device)
+                key = (len(rows), gamma)  # the same few (rows, gamma) pairs recur: allocate each once
+                num_draft = num_draft_cache.get(key)
+                if num_draft is None:
+                    num_draft = num_draft_cache[key] = torch.full(key[:1], gamma, dtype=torch.long, device=device)
                 if opts.profile_verify:
                     new_tokens, num_accepted, dt = self._profiled_verify(
                         verify, target_logits, draft_logits, draft_tokens, num_draft, opts, generator)

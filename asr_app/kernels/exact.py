@@ -30,8 +30,8 @@ from .common import (
     leading_true_count,
     scaled_logits,
 )
-from .sampling import finalize_sample_kernel, split_masses
-from .triton_support import last_dim_contiguous, launch_geometry, leading_accepts, next_power_of_2, tl, triton
+from .sampling import launch_finalize, prepare_sampled_launch, split_masses
+from .triton_support import leading_accepts, tl, triton
 from .types import VerifyRandomness, VerifyResult
 
 # Rows are independent and their random numbers are drawn up front, so the CPU path may work
@@ -215,37 +215,17 @@ def verify_exact_triton(
 ) -> VerifyResult:
     """The exact mode in three Triton launches; results stay on the logits' device."""
     batch, rows, vocab = target_logits.shape
-    gamma = rows - 1
-    device = target_logits.device
-    target_logits = last_dim_contiguous(target_logits)
-    if gamma == 0:  # no draft rows: any valid tensor serves, its rows are never read
-        draft_logits, draft_tokens = target_logits, torch.zeros((batch, 1), dtype=torch.int64, device=device)
-    draft_logits = last_dim_contiguous(draft_logits)
-    geo = launch_geometry(vocab, block_v, tiles)
-    inv_temperature = 1.0 / temperature
-    partials = torch.empty((batch, rows, 4, geo.num_splits), dtype=torch.float32, device=device)
-    masses = torch.empty((batch, 2, geo.num_splits), dtype=torch.float64, device=device)
-    row_n = torch.empty(batch, dtype=torch.int32, device=device)
-    row_lse = torch.empty((batch, 2), dtype=torch.float32, device=device)
-    tokens = torch.empty((batch, rows), dtype=torch.int64, device=device)
-    accepted = torch.empty(batch, dtype=torch.int64, device=device)
-    uniforms = randomness.uniforms.contiguous()
-    strides = (target_logits.stride(0), target_logits.stride(1), draft_logits.stride(0), draft_logits.stride(1))
-
+    launch = prepare_sampled_launch(target_logits, draft_logits, draft_tokens, randomness, block_v, tiles)
+    geo, inv_temperature = launch.geo, 1.0 / temperature
+    partials = torch.empty((batch, rows, 4, geo.num_splits), dtype=torch.float32, device=target_logits.device)
     _row_partials_kernel[(batch, rows, geo.num_splits)](
-        target_logits, draft_logits, num_draft, partials, *strides,
-        vocab, gamma, geo.num_splits, inv_temperature, BLOCK_V=geo.block_v, TILES=geo.tiles,
+        launch.target, launch.draft, num_draft, partials, *launch.strides,
+        vocab, rows - 1, geo.num_splits, inv_temperature, BLOCK_V=geo.block_v, TILES=geo.tiles,
     )
     _accept_kernel[(batch, geo.num_splits)](
-        target_logits, draft_logits, draft_tokens, num_draft, uniforms, partials, masses, row_n, row_lse,
-        *strides, draft_tokens.stride(0), vocab, gamma, geo.num_splits, inv_temperature,
-        BLOCK_V=geo.block_v, TILES=geo.tiles, ROWS_BLOCK=max(2, next_power_of_2(rows)),
+        launch.target, launch.draft, launch.draft_tokens, num_draft, launch.uniforms, partials, launch.masses,
+        launch.row_n, launch.row_lse, *launch.strides, launch.draft_tokens.stride(0), vocab, rows - 1,
+        geo.num_splits, inv_temperature, BLOCK_V=geo.block_v, TILES=geo.tiles, ROWS_BLOCK=launch.rows_block,
         SPLITS_BLOCK=geo.splits_block,
     )
-    finalize_sample_kernel[(batch,)](
-        target_logits, draft_logits, draft_tokens, uniforms, masses, row_n, row_lse, num_draft, tokens, accepted,
-        *strides, draft_tokens.stride(0), vocab, gamma, geo.num_splits, inv_temperature, 0.0, 1.0,
-        BLOCK_V=geo.block_v, TILES=geo.tiles, SPLITS_BLOCK=geo.splits_block,
-        OUT_BLOCK=max(2, next_power_of_2(rows)), SIGMOID=False,
-    )
-    return VerifyResult(tokens=tokens, num_accepted=accepted)
+    return launch_finalize(launch, num_draft, inv_temperature, 0.0, 1.0, sigmoid=False)

@@ -10,7 +10,20 @@ threshold and rescans only that split. PyTorch reference: ``common.inverse_cdf_s
 
 from __future__ import annotations
 
-from .triton_support import tl, triton, write_tokens
+from dataclasses import dataclass
+
+import torch
+
+from .triton_support import (
+    LaunchGeometry,
+    last_dim_contiguous,
+    launch_geometry,
+    next_power_of_2,
+    tl,
+    triton,
+    write_tokens,
+)
+from .types import VerifyRandomness, VerifyResult
 
 
 @triton.jit
@@ -101,3 +114,61 @@ def finalize_sample_kernel(
     token = tl.where(found == big, last_nonzero, found)
 
     write_tokens(out_tokens_ptr, out_accepted_ptr, draft_tokens_ptr, tok_stride_b, b, n, token, gamma, OUT_BLOCK)
+
+
+@dataclass
+class SampledLaunch:
+    """Inputs and buffers the exact and sigmoid wrappers both prepare: their accept kernel fills
+    ``masses``/``row_n``/``row_lse``; ``finalize_sample_kernel`` reads them and writes the result."""
+
+    target: torch.Tensor
+    draft: torch.Tensor
+    draft_tokens: torch.Tensor
+    uniforms: torch.Tensor
+    geo: LaunchGeometry
+    strides: tuple[int, int, int, int]
+    masses: torch.Tensor
+    row_n: torch.Tensor
+    row_lse: torch.Tensor
+    tokens: torch.Tensor
+    accepted: torch.Tensor
+
+    @property
+    def rows_block(self) -> int:
+        return max(2, next_power_of_2(self.target.shape[1]))
+
+
+def prepare_sampled_launch(target_logits: torch.Tensor, draft_logits: torch.Tensor, draft_tokens: torch.Tensor,
+                           randomness: VerifyRandomness, block_v: int | None, tiles: int | None) -> SampledLaunch:
+    batch, rows, vocab = target_logits.shape
+    device = target_logits.device
+    target_logits = last_dim_contiguous(target_logits)
+    if rows == 1:  # no draft rows: any valid tensor serves, its rows are never read
+        draft_logits, draft_tokens = target_logits, torch.zeros((batch, 1), dtype=torch.int64, device=device)
+    draft_logits = last_dim_contiguous(draft_logits)
+    geo = launch_geometry(vocab, block_v, tiles)
+    return SampledLaunch(
+        target=target_logits, draft=draft_logits, draft_tokens=draft_tokens,
+        uniforms=randomness.uniforms.contiguous(), geo=geo,
+        strides=(target_logits.stride(0), target_logits.stride(1), draft_logits.stride(0), draft_logits.stride(1)),
+        masses=torch.empty((batch, 2, geo.num_splits), dtype=torch.float64, device=device),
+        row_n=torch.empty(batch, dtype=torch.int32, device=device),
+        row_lse=torch.empty((batch, 2), dtype=torch.float32, device=device),
+        tokens=torch.empty((batch, rows), dtype=torch.int64, device=device),
+        accepted=torch.empty(batch, dtype=torch.int64, device=device),
+    )
+
+
+def launch_finalize(launch: SampledLaunch, num_draft: torch.Tensor, inv_temperature: float, alpha: float,
+                    inv_width: float, sigmoid: bool) -> VerifyResult:
+    """The last launch of both sampled modes: the corrected/bonus draw and the output row."""
+    batch, rows, vocab = launch.target.shape
+    geo = launch.geo
+    finalize_sample_kernel[(batch,)](
+        launch.target, launch.draft, launch.draft_tokens, launch.uniforms, launch.masses, launch.row_n,
+        launch.row_lse, num_draft, launch.tokens, launch.accepted,
+        *launch.strides, launch.draft_tokens.stride(0), vocab, rows - 1, geo.num_splits, inv_temperature, alpha,
+        inv_width, BLOCK_V=geo.block_v, TILES=geo.tiles, SPLITS_BLOCK=geo.splits_block,
+        OUT_BLOCK=launch.rows_block, SIGMOID=sigmoid,
+    )
+    return VerifyResult(tokens=launch.tokens, num_accepted=launch.accepted)

@@ -28,8 +28,8 @@ from .common import (
     leading_true_count,
     scaled_logits,
 )
-from .sampling import finalize_sample_kernel, split_masses
-from .triton_support import last_dim_contiguous, launch_geometry, leading_accepts, next_power_of_2, tl, triton
+from .sampling import launch_finalize, prepare_sampled_launch, split_masses
+from .triton_support import leading_accepts, tl, triton
 from .types import VerifyRandomness, VerifyResult
 
 
@@ -129,31 +129,12 @@ def verify_sigmoid_triton(
 ) -> VerifyResult:
     """The sigmoid mode in two Triton launches; results stay on the logits' device."""
     batch, rows, vocab = target_logits.shape
-    gamma = rows - 1
-    device = target_logits.device
-    target_logits = last_dim_contiguous(target_logits)
-    if gamma == 0:  # no draft rows: any valid tensor serves, its rows are never read
-        draft_logits, draft_tokens = target_logits, torch.zeros((batch, 1), dtype=torch.int64, device=device)
-    draft_logits = last_dim_contiguous(draft_logits)
-    geo = launch_geometry(vocab, block_v, tiles)
+    launch = prepare_sampled_launch(target_logits, draft_logits, draft_tokens, randomness, block_v, tiles)
+    geo = launch.geo
     inv_temperature, inv_width = 1.0 / temperature, 1.0 / (beta - alpha)
-    masses = torch.empty((batch, 2, geo.num_splits), dtype=torch.float64, device=device)
-    row_n = torch.empty(batch, dtype=torch.int32, device=device)
-    row_lse = torch.empty((batch, 2), dtype=torch.float32, device=device)
-    tokens = torch.empty((batch, rows), dtype=torch.int64, device=device)
-    accepted = torch.empty(batch, dtype=torch.int64, device=device)
-    uniforms = randomness.uniforms.contiguous()
-    strides = (target_logits.stride(0), target_logits.stride(1), draft_logits.stride(0), draft_logits.stride(1))
-
     _accept_kernel[(batch, geo.num_splits)](
-        target_logits, draft_logits, draft_tokens, num_draft, uniforms, masses, row_n, row_lse,
-        *strides, draft_tokens.stride(0), vocab, gamma, geo.num_splits, inv_temperature, alpha, inv_width,
-        BLOCK_V=geo.block_v, TILES=geo.tiles, ROWS_BLOCK=max(2, next_power_of_2(rows)),
+        launch.target, launch.draft, launch.draft_tokens, num_draft, launch.uniforms, launch.masses, launch.row_n,
+        launch.row_lse, *launch.strides, launch.draft_tokens.stride(0), vocab, rows - 1, geo.num_splits,
+        inv_temperature, alpha, inv_width, BLOCK_V=geo.block_v, TILES=geo.tiles, ROWS_BLOCK=launch.rows_block,
     )
-    finalize_sample_kernel[(batch,)](
-        target_logits, draft_logits, draft_tokens, uniforms, masses, row_n, row_lse, num_draft, tokens, accepted,
-        *strides, draft_tokens.stride(0), vocab, gamma, geo.num_splits, inv_temperature, alpha, inv_width,
-        BLOCK_V=geo.block_v, TILES=geo.tiles, SPLITS_BLOCK=geo.splits_block,
-        OUT_BLOCK=max(2, next_power_of_2(rows)), SIGMOID=True,
-    )
-    return VerifyResult(tokens=tokens, num_accepted=accepted)
+    return launch_finalize(launch, num_draft, inv_temperature, alpha, inv_width, sigmoid=True)

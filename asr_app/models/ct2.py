@@ -427,9 +427,8 @@ def _build_configs(model_dir: Path, dims: dict, tokenizer):
            for name in ("endoftext", "startoftranscript", "notimestamps", "startofprev", "transcribe", "translate")}
     suppress = ct2_config.get("suppress_ids", [])
     begin_suppress = ct2_config.get("suppress_ids_begin", [220, ids["endoftext"]])
-    config = WhisperConfig(
-        **dims,
-        architectures=["WhisperForConditionalGeneration"],
+    # The model config and the generation config must agree on these.
+    special = dict(
         decoder_start_token_id=ids["startoftranscript"],
         bos_token_id=ids["endoftext"],
         eos_token_id=ids["endoftext"],
@@ -437,16 +436,12 @@ def _build_configs(model_dir: Path, dims: dict, tokenizer):
         suppress_tokens=suppress,
         begin_suppress_tokens=begin_suppress,
     )
+    config = WhisperConfig(**dims, architectures=["WhisperForConditionalGeneration"], **special)
     # English-only Whisper has 51864 tokens; every multilingual release has more.
     multilingual = dims["vocab_size"] > 51864
     generation = GenerationConfig(
         max_length=dims["max_target_positions"],
-        decoder_start_token_id=ids["startoftranscript"],
-        bos_token_id=ids["endoftext"],
-        eos_token_id=ids["endoftext"],
-        pad_token_id=ids["endoftext"],
-        suppress_tokens=suppress,
-        begin_suppress_tokens=begin_suppress,
+        **special,
         no_timestamps_token_id=ids["notimestamps"],
         prev_sot_token_id=ids["startofprev"],
         max_initial_timestamp_index=50,
