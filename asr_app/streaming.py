@@ -148,6 +148,7 @@ class StreamingOptions:
     no_speech_threshold: float = 0.6  # Whisper's rule: no speech if P(nospeech) > this ...
     logprob_threshold: float = -1.0   # ... and the mean log-prob is below this
     energy_threshold: float = SILENCE_RMS  # RMS (of 30 ms frames) below which the whole buffer is silence
+    reuse_hypothesis: bool = True     # offer the previous decode of the buffer as a hint (same result, faster)
     decoding: Any = None              # DecodingOptions; None = the decoder's own, with timestamps on
 
 
@@ -174,6 +175,9 @@ class StepRecord:
     compute_s: float
     skipped_silence: bool
     acceptance_rate: float | None
+    hint_tokens: int = 0              # tokens of the previous hypothesis offered as a hint ...
+    hint_accepted: int = 0            # ... and how many of them the target kept
+    target_calls: int = 0             # target decoder passes of this decode
 
 
 class StreamingProcessor:
@@ -198,6 +202,8 @@ class StreamingProcessor:
         self._t0: float | None = None
         self._last_partial: str | None = None
         self._finished = False
+        # The previous decode: its tokens, and the buffer start and prompt they were decoded with.
+        self._previous: tuple[list[int], float, str | None] | None = None
 
     # -- the three verbs -------------------------------------------------------------------
 
@@ -285,18 +291,25 @@ class StreamingProcessor:
         if self.buffer_seconds > cap:  # still too long (e.g. one endless segment): keep the newest audio
             self._cut(self._buffer_start + self.buffer_seconds - cap)
 
-    def _hypothesis(self) -> tuple[list[Word], list[Any], bool, float | None]:
-        """Decode the buffer -> (words in stream time, segments, skipped as silence, acceptance)."""
+    def _hypothesis(self) -> tuple[list[Word], list[Any], bool, Any]:
+        """Decode the buffer -> (words in stream time, segments, skipped as silence, decoding stats)."""
         if peak_frame_rms(self._buffer) < self.options.energy_threshold:
             return [], [], True, None
-        result = self.decoder.decode([self._buffer], self.decoding, prompts=[self._prompt()])[0]
+        prompt = self._prompt()
+        hint = None
+        if self.options.reuse_hypothesis and self._previous is not None:
+            # The buffer grew by a step since the previous decode; if it still starts at the same place
+            # with the same prompt, that decode (timestamps included) is most likely this one's prefix.
+            tokens, start, previous_prompt = self._previous
+            if start == self._buffer_start and previous_prompt == prompt:
+                hint = tokens
+        result = self.decoder.decode([self._buffer], self.decoding, prompts=[prompt], hints=[hint])[0]
+        self._previous = (list(result.tokens), self._buffer_start, prompt)
         if (result.no_speech_prob > self.options.no_speech_threshold
                 and result.avg_logprob < self.options.logprob_threshold):
-            return [], [], True, None
+            return [], [], True, result.stats
         words = words_from_segments(result.segments, self._buffer_start, self.buffer_seconds)
-        stats = getattr(result, "stats", None)
-        acceptance = stats.acceptance_rate if stats is not None and getattr(stats, "drafted", 0) else None
-        return words, list(result.segments), False, acceptance
+        return words, list(result.segments), False, result.stats
 
     def _step(self, final: bool) -> list[StreamEvent]:
         events: list[StreamEvent] = []
@@ -313,10 +326,12 @@ class StreamingProcessor:
         self._enforce_cap(events)
         self._decoded_upto = self._received
         started = time.perf_counter()
-        words, segments, silent, acceptance = self._hypothesis()
+        words, segments, silent, stats = self._hypothesis()
         compute = time.perf_counter() - started
-        self.steps.append(StepRecord(self._buffer_start, self._buffer_start + self.buffer_seconds,
-                                     compute, silent, acceptance))
+        acceptance = stats.acceptance_rate if stats is not None and stats.drafted else None
+        self.steps.append(StepRecord(self._buffer_start, self._buffer_start + self.buffer_seconds, compute, silent,
+                                     acceptance, stats.hinted if stats else 0, stats.hint_accepted if stats else 0,
+                                     stats.target_calls if stats else 0))
         newly = self.agreement.insert(words)
         if newly:
             self.committed.extend(newly)

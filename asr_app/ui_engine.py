@@ -126,4 +126,5 @@ class UiEngine:
             "draft": draft,
             "device": str(pair.device),
             "dtype": str(pair.dtype).removeprefix("torch."),
+            "draft_dtype": str(pair.draft_dtype).removeprefix("torch.") if pair.draft_dtype else None,
         }

@@ -1,7 +1,7 @@
 """End-to-end decoding benchmark: modes off / hf / baseline / exact / sigmoid on the same clips.
 
-For each draft (the distilled tiny.en draft, and the target itself as draft: every draft accepted, the
-upper bound) every mode decodes every clip at batch 1, `--repeats` times, interleaved (clip by clip,
+For each draft (the distilled tiny.en draft, in the target's dtype and in bf16 (`--draft-dtype bfloat16`),
+and the target itself as draft: every draft accepted, the upper bound) every mode decodes every clip at batch 1, `--repeats` times, interleaved (clip by clip,
 mode by mode) so that load changes on a shared machine hit all modes alike. Reported per mode: median
 seconds per utterance, tokens/s, speedup vs `off` and ratio vs `hf` (both on the sum of per-clip
 medians), acceptance rate, and whether the tokens equal mode `off`'s (greedy identity).
@@ -125,7 +125,8 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    ap.add_argument("--drafts", nargs="+", default=["distil", "self"], choices=["distil", "self"])
+    ap.add_argument("--drafts", nargs="+", default=["distil", "distil-bf16", "self"],
+                    choices=["distil", "distil-bf16", "self"])
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "decode_bench.json"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -138,10 +139,17 @@ def main(argv=None) -> None:
                          "torch": torch.__version__, "machine": platform.processor() or platform.machine()},
               "results": {}}
     for name in args.drafts:
-        p = pair if name == "distil" else self_draft_pair(pair)
+        if name == "distil":
+            p = pair
+        elif name == "distil-bf16":
+            p = load_pair(target=args.target, draft=args.draft, device=args.device, draft_dtype="bfloat16")
+        else:
+            p = self_draft_pair(pair)
         summary = run(p, clips, args.repeats, args.modes)
         report["results"][name] = summary
-        print(table(f"{name} ({p.draft_name}, shared encoder: {p.shared_encoder})", summary), "\n", flush=True)
+        summary["draft_dtype"] = str(p.draft_compute_dtype).removeprefix("torch.")
+        print(table(f"{name} ({p.draft_name}, {summary['draft_dtype']}, shared encoder: {p.shared_encoder})",
+                    {m: v for m, v in summary.items() if m in MODES}), "\n", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

@@ -13,6 +13,10 @@ seconds, and finished. Reported per mode, following whisper_streaming's definiti
 - WER of the committed text vs the offline long-form transcript of the same clip (and vs the
   human reference where the dataset has one), after Whisper's English normaliser.
 
+Each mode runs with and without hypothesis reuse (`--reuse both`, rows `MODE+reuse` and `MODE`):
+with reuse, each re-decode gets the previous decode of the buffer as a hint, which the target
+verifies in one pass (asr_app/decoding/engine.py); the text is the same, only the compute differs.
+
 Example (CPU, tiny.en with its distilled draft):
     python bench/stream_bench.py --modes off,exact --step 1.0
 """
@@ -118,6 +122,7 @@ def stream_clip(decoder, audio: np.ndarray, options: StreamingOptions, pacing: s
     cpu = time.process_time() - cpu_start
     report = latency_report(events, processor.audio_seconds, compute)
     rates = [s.acceptance_rate for s in processor.steps if s.acceptance_rate is not None]
+    hinted = sum(s.hint_tokens for s in processor.steps)
     return {
         "audio_s": processor.audio_seconds,
         "compute_s": compute,
@@ -125,6 +130,8 @@ def stream_clip(decoder, audio: np.ndarray, options: StreamingOptions, pacing: s
         "decodes": len(processor.steps),
         "max_buffer_s": max((s.buffer_end - s.buffer_start for s in processor.steps), default=0.0),
         "acceptance_rate": statistics.fmean(rates) if rates else None,
+        "hint_tokens": hinted,
+        "hint_accepted": sum(s.hint_accepted for s in processor.steps),
         "word_latencies": [ev.emitted_at - w.end for ev in events if ev.kind == "commit" for w in ev.words],
         "audio_lags": [ev.audio_received - w.end for ev in events if ev.kind == "commit" for w in ev.words],
         "committed": processor.committed_text,
@@ -133,32 +140,42 @@ def stream_clip(decoder, audio: np.ndarray, options: StreamingOptions, pacing: s
 
 
 def run(args: argparse.Namespace) -> dict:
+    import torch
+
     from asr_app.eval.wer import english_normalizer
 
     normalise = english_normalizer()
-    pair = load_pair(target=args.target, draft=args.draft, device=args.device)
+    pair = load_pair(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype)
     clips = [Path(c) for c in args.clips] if args.clips else DEFAULT_CLIPS
     audios = {c: load_audio(c) for c in clips}
     results: dict = {"modes": {}}
-    for mode in args.modes.split(","):
+    reuse_choices = {"on": [True], "off": [False], "both": [False, True]}[args.reuse]
+    variants = [(mode, reuse) for mode in args.modes.split(",") for reuse in reuse_choices]
+    offline_text: dict[tuple[str, Path], str] = {}
+    for mode, reuse in variants:
+        name = f"{mode}+reuse" if reuse else mode
         decoder = SpeculativeDecoder(pair, DecodingOptions(mode=mode))
         decoder.decode([audios[clips[0]][:16000]])  # warm-up: first-call allocations are not streaming latency
         per_clip = []
         for clip in clips:
-            offline = transcribe(decoder, audios[clip]).text
-            options = StreamingOptions(step_s=args.step)
+            if (mode, clip) not in offline_text:
+                offline_text[mode, clip] = transcribe(decoder, audios[clip]).text
+            offline = offline_text[mode, clip]
+            options = StreamingOptions(step_s=args.step, reuse_hypothesis=reuse)
             streamed = stream_clip(decoder, audios[clip], options, "fast" if args.fast else "realtime")
             streamed.update(clip=clip.name, offline=offline, reference=reference_text(clip))
             if not args.fast and not args.realtime_only:
                 # The same stream unpaced: the commit policy's own latency, without compute delays.
                 streamed["policy_lags"] = stream_clip(decoder, audios[clip], options, "fast")["audio_lags"]
-                # And on a simulated dedicated core (virtual clock driven by CPU time).
-                dedicated = stream_clip(decoder, audios[clip], options, "cpu-clock")
-                streamed["dedicated_latencies"] = dedicated["word_latencies"]
-                streamed["dedicated_first_partial_s"] = dedicated["first_partial_s"]
-                streamed["cpu_s"] = dedicated["cpu_s"]
+                # And on a simulated dedicated core (virtual clock driven by CPU time). With several torch
+                # threads, CPU time counts every thread and the clock would run too fast: single thread only.
+                if torch.get_num_threads() == 1:
+                    dedicated = stream_clip(decoder, audios[clip], options, "cpu-clock")
+                    streamed["dedicated_latencies"] = dedicated["word_latencies"]
+                    streamed["dedicated_first_partial_s"] = dedicated["first_partial_s"]
+                    streamed["cpu_s"] = dedicated["cpu_s"]
             per_clip.append(streamed)
-            print(f"[{mode}] {clip.name}: {streamed['words']} words, p90 {streamed['finalization_p90_s']:.2f} s, "
+            print(f"[{name}] {clip.name}: {streamed['words']} words, p90 {streamed['finalization_p90_s']:.2f} s, "
                   f"RTF {streamed['rtf']:.2f}", file=sys.stderr)
         latencies = [x for c in per_clip for x in c["word_latencies"]]
         policy = [x for c in per_clip for x in c.get("policy_lags", [])]
@@ -168,7 +185,10 @@ def run(args: argparse.Namespace) -> dict:
         firsts = [c["first_partial_s"] for c in per_clip if c["first_partial_s"] is not None]
         with_ref = [c for c in per_clip if c["reference"]]
         rates = [c["acceptance_rate"] for c in per_clip if c["acceptance_rate"] is not None]
-        results["modes"][mode] = {
+        hinted = sum(c["hint_tokens"] for c in per_clip)
+        results["modes"][name] = {
+            "mode": mode,
+            "reuse_hypothesis": reuse,
             "clips": len(per_clip),
             "audio_s": sum(c["audio_s"] for c in per_clip),
             "words": len(latencies),
@@ -188,6 +208,9 @@ def run(args: argparse.Namespace) -> dict:
             "wer_stream_vs_reference": wer([c["reference"] for c in with_ref], [c["committed"] for c in with_ref],
                                            normalise),
             "acceptance_rate": statistics.fmean(rates) if rates else None,
+            "hint_acceptance": sum(c["hint_accepted"] for c in per_clip) / hinted if hinted else None,
+            "finalization_latencies_s": [round(x, 4) for x in latencies],
+            "policy_lags_s": [round(x, 4) for x in policy],
             "per_clip": [{k: v for k, v in c.items() if k not in ("word_latencies", "audio_lags", "policy_lags",
                                                                    "dedicated_latencies")}
                          for c in per_clip],
@@ -198,7 +221,7 @@ def run(args: argparse.Namespace) -> dict:
 def table(results: dict, step: float) -> str:
     head = ("mode", "words", "first partial s", "final p50 s", "final p90 s", "RTF",
             "dedicated: first/p50/p90 s", "CPU RTF", "policy p50/p90 s", "WER vs offline",
-            "WER stream/ref", "WER offline/ref", "accept")
+            "WER stream/ref", "WER offline/ref", "accept", "hint kept")
     rows = [head]
     for mode, r in results["modes"].items():
         def f(x, d=2):
@@ -208,26 +231,63 @@ def table(results: dict, step: float) -> str:
                      "/".join(f(r[k]) for k in ("dedicated_first_partial_median_s", "dedicated_p50_s", "dedicated_p90_s")),
                      f(r["cpu_rtf"]), f(r["policy_p50_s"]) + "/" + f(r["policy_p90_s"]), f(100 * r["wer_vs_offline"], 1) + "%",
                      f(100 * r["wer_stream_vs_reference"], 1) + "%", f(100 * r["wer_offline_vs_reference"], 1) + "%",
-                     f(r["acceptance_rate"])))
+                     f(r["acceptance_rate"]), f(r["hint_acceptance"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
     lines.insert(1, "-+-".join("-" * w for w in widths))
     legend = ("first partial / final p50/p90 / RTF: real-time pace on this machine (wall clock); "
               "dedicated: same stream on a virtual clock driven by this process's CPU time (a core to "
-              "itself); policy: unpaced, audio-time lag of the commit policy alone")
+              "itself; measured with 1 torch thread only); policy: unpaced, audio-time lag of the commit "
+              "policy alone; +reuse: the previous hypothesis of the buffer is offered to the decoder as a "
+              "hint (hint kept: share of its tokens kept)")
     return f"streaming, step {step:g} s, target p90 < 2.5 s\n" + "\n".join(lines) + "\n" + legend
+
+
+def plot(results: dict, step: float, path: Path) -> None:
+    """Cumulative distribution of per-word finalization latency per variant, with the 2.5 s target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, r in results["modes"].items():
+        lat = np.sort(np.asarray(r["finalization_latencies_s"]))
+        if lat.size:
+            ax.step(lat, np.arange(1, lat.size + 1) / lat.size, where="post",
+                    label=f"{name} (p90 {np.percentile(lat, 90):.2f} s)")
+    policy = next((np.sort(np.asarray(r["policy_lags_s"])) for r in results["modes"].values() if r["policy_lags_s"]),
+                  None)
+    if policy is not None:
+        ax.step(policy, np.arange(1, policy.size + 1) / policy.size, where="post", color="grey", linestyle=":",
+                label=f"commit policy alone (p90 {np.percentile(policy, 90):.2f} s)")
+    ax.axvline(2.5, color="red", linewidth=0.8, label="target: p90 < 2.5 s")
+    ax.axhline(0.9, color="black", linewidth=0.5, linestyle="--")
+    meta = results.get("meta", {})
+    ax.set_title(f"streaming finalization latency, step {step:g} s, CPU, {meta.get('torch_threads', '?')} "
+                 "torch thread(s)")
+    ax.set_xlabel("emission time - word end (s)")
+    ax.set_ylabel("fraction of committed words")
+    ax.set_xlim(left=0)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default="off,exact")
     parser.add_argument("--step", type=float, default=1.0)
+    parser.add_argument("--reuse", choices=("on", "off", "both"), default="both",
+                        help="re-decode with the previous hypothesis as a hint (StreamingOptions.reuse_hypothesis)")
     parser.add_argument("--fast", action="store_true", help="no real-time pacing (latencies then meaningless)")
     parser.add_argument("--realtime-only", action="store_true",
                         help="skip the unpaced pass (commit policy's own latency) and the simulated dedicated-core pass")
     parser.add_argument("--target", default=str(SHARED / "models" / "whisper-tiny.en"))
     parser.add_argument("--draft", default=str(SHARED / "models" / "distil-tiny.en-draft"))
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="auto", help="model dtype: auto (fp32 on CPU) | bfloat16 | float16 | float32")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--clips", nargs="*", help="audio files (default: 4 shared real clips)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "stream_bench_cpu.json")
@@ -241,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results = run(args)
     results["meta"] = {
-        "step_s": args.step, "realtime": not args.fast, "device": args.device, "target": args.target,
+        "step_s": args.step, "realtime": not args.fast, "device": args.device, "dtype": args.dtype, "target": args.target,
         "draft": args.draft, "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "machine": platform.processor() or platform.machine(), "python": platform.python_version(),
         "torch": torch.__version__, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
@@ -253,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     text += (f"\nmachine: {results['meta']['cpu_count']} CPUs, torch threads {results['meta']['torch_threads']}, "
              f"load average before/after {load_before[0]:.1f}/{results['meta']['loadavg_after'][0]:.1f}")
     args.out.with_suffix(".txt").write_text(text + "\n")
+    plot(results, args.step, args.out.with_suffix(".png"))
     print(text)
     return 0
 

@@ -261,3 +261,18 @@ def test_stats_and_profiled_verify(processor, tiny_features):
     assert st.total_s >= st.encoder_s + st.draft_s + st.target_s + st.verify_s > 0
     plain = decoder.decode_features(tiny_features, DecodingOptions(mode="exact", max_new_tokens=20, gamma=3))[0]
     assert plain.tokens == res.tokens and plain.stats.verify_steps == []
+
+
+@pytest.mark.parametrize("draft_dtype", [torch.float32, torch.bfloat16])
+def test_draft_dtype_changes_speed_not_tokens(real_pair, clips, draft_dtype):
+    # The draft in its own dtype (ModelPair.draft_dtype, `--draft-dtype`):
+    # every mode, hf included, still gives the target-only tokens, and the draft is still accepted often.
+    pair = load_pair(target=str(TINY_EN_DIR), draft=str(DISTIL_DRAFT_DIR), device="cpu", draft_dtype=draft_dtype)
+    assert next(pair.draft.parameters()).dtype == draft_dtype
+    decoder = SpeculativeDecoder(pair)
+    reference = SpeculativeDecoder(real_pair).decode(clips[0], DecodingOptions(mode="off", timestamps=True))[0]
+    for mode in (*SPEC_MODES, "hf"):
+        res = decoder.decode(clips[0], DecodingOptions(mode=mode, timestamps=True))[0]
+        assert res.tokens == reference.tokens, (mode, draft_dtype)
+        if mode != "hf":
+            assert res.stats.target_calls < len(reference.tokens) / 2

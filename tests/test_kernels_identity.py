@@ -173,3 +173,19 @@ def test_verify_on_cpu_uses_the_torch_reference_with_the_generator_stream():
         rnd = draw_randomness(3, 5, CPU, torch.Generator().manual_seed(9))
         extra = (1.0,) if mode == "exact" else (1.0, SIGMOID_ALPHA, SIGMOID_BETA)
         assert_same(reference(target, draft, tokens, nd, rnd, *extra), result)
+
+
+@pytest.mark.parametrize("mode", ["exact", "sigmoid"])
+def test_draft_logits_in_their_own_dtype_and_one_hot_drafts(mode):
+    # The draft may run in bf16 next to an fp32 target (ModelPair.draft_dtype), and a hint is a draft
+    # with q = one-hot (0 at the token, -inf elsewhere): both go through the kernels as they are.
+    target, draft, tokens, nd, *_ = make_case(3, 5, 51864, torch.float32, seed=21)
+    one_hot = torch.full_like(draft, float("-inf")).scatter_(-1, tokens[..., None], 0.0)
+    for draft_logits in (draft.to(torch.bfloat16), one_hot):
+        rnd = draw_randomness(3, 5, CPU, torch.Generator().manual_seed(2))
+        if mode == "exact":
+            assert_same(verify_exact_torch(target, draft_logits, tokens, nd, rnd),
+                        verify_exact_triton(target, draft_logits, tokens, nd, rnd))
+        else:
+            args = (target, draft_logits, tokens, nd, rnd, 1.0, SIGMOID_ALPHA, SIGMOID_BETA)
+            assert_same(verify_sigmoid_torch(*args), verify_sigmoid_triton(*args))

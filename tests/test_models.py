@@ -14,7 +14,7 @@ from conftest import DISTIL_DRAFT_DIR, REPO_ROOT, TINY_EN_DIR
 from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration
 
 from asr_app.models import PRESETS, ModelLoadError, derive_draft, detect_shared_encoder, load_pair
-from asr_app.models.loading import check_pair, resolve_dtype
+from asr_app.models.loading import check_pair, resolve_draft_dtype, resolve_dtype
 
 
 def small_whisper(vocab: int = 51864, d_model: int = 16, layers: int = 1, seed: int = 0):
@@ -36,10 +36,30 @@ def test_load_real_pair_from_directories(real_pair):
     assert real_pair.shared_encoder  # decoder-only draft runs on the target's encoder output
     # the checkpoints are float16; on CPU the default is float32 (fp16 convolutions fail there)
     assert real_pair.dtype == torch.float32 and next(real_pair.target.parameters()).dtype == torch.float32
-    assert next(real_pair.draft.parameters()).dtype == torch.float32
+    assert next(real_pair.draft.parameters()).dtype == torch.float32 == real_pair.draft_dtype
     assert real_pair.device == torch.device("cpu")
     assert real_pair.processor.tokenizer.eos_token_id == real_pair.target.config.eos_token_id
     assert real_pair.target_name == str(TINY_EN_DIR) and real_pair.draft_name == str(DISTIL_DRAFT_DIR)
+
+
+def test_draft_dtype(real_pair):
+    cpu = torch.device("cpu")
+    # the default is the target's dtype; any dtype can be asked for
+    assert resolve_draft_dtype(None, cpu, torch.float32) == torch.float32
+    assert resolve_draft_dtype("auto", torch.device("cuda"), torch.float16) == torch.float16
+    assert resolve_draft_dtype("same", cpu, torch.float32) == torch.float32
+    assert resolve_draft_dtype("bf16", cpu, torch.float32) == torch.bfloat16
+    with pytest.raises(ModelLoadError, match="unknown dtype"):
+        resolve_draft_dtype("int4", cpu, torch.float32)
+    assert real_pair.draft_dtype == next(real_pair.draft.parameters()).dtype == real_pair.draft_compute_dtype
+    bf16 = load_pair(target=str(TINY_EN_DIR), draft=str(DISTIL_DRAFT_DIR), device="cpu", draft_dtype="bfloat16")
+    assert next(bf16.draft.parameters()).dtype == torch.bfloat16 and bf16.draft_dtype == torch.bfloat16
+    assert next(bf16.target.parameters()).dtype == torch.float32 and bf16.shared_encoder
+    derived = load_pair(target=str(TINY_EN_DIR), draft="derived", device="cpu", draft_dtype="bfloat16")
+    # the derived draft holds copies: casting it leaves the target in fp32
+    assert next(derived.draft.parameters()).dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in derived.target.parameters())
+    assert load_pair(target=str(TINY_EN_DIR), draft=None, device="cpu").draft_dtype is None
 
 
 def test_target_only_and_derived(real_pair):

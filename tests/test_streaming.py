@@ -166,6 +166,30 @@ def test_long_stream_trims_buffer_at_committed_segments(decoder):
     assert jiwer.wer(normalise(reference), normalise(processor.committed_text)) <= 0.15, processor.committed_text
 
 
+@pytest.mark.parametrize("mode", ["off", "exact"])
+def test_reusing_the_previous_hypothesis_changes_compute_not_text(decoder, mode):
+    # Each re-decode is offered the previous decode of the buffer as a hint; the decoder verifies it, so
+    # every event is the same as without it (greedy), while the target scores the reused part in one call.
+    # This clip is a hard case: from one decode to the next Whisper flips "Printing, in" / "printing in".
+    audio = load_audio(LJSPEECH_DIR / "wavs" / "LJ001-0001.wav")[: 8 * SAMPLE_RATE]
+    runs = {}
+    for reuse in (False, True):
+        options = StreamingOptions(step_s=1.0, reuse_hypothesis=reuse, decoding=DecodingOptions(mode=mode))
+        runs[reuse] = run_stream(decoder, audio, options)
+    (plain, plain_events), (reused, reused_events) = runs[False], runs[True]
+    assert [(e.kind, e.text, e.start, e.end) for e in plain_events] == \
+        [(e.kind, e.text, e.start, e.end) for e in reused_events]
+    assert plain.committed_text == reused.committed_text and len(plain.committed_text.split()) >= 10
+    assert all(s.hint_tokens == 0 for s in plain.steps)
+    assert sum(s.hint_accepted for s in reused.steps) >= 10
+    plain_calls = sum(s.target_calls for s in plain.steps)
+    reused_calls = sum(s.target_calls for s in reused.steps)
+    if mode == "off":  # the hint is the only proposer: most tokens come from it
+        assert reused_calls < 0.6 * plain_calls, (reused_calls, plain_calls)
+    else:  # the draft proposes first; the hint only lengthens steps where the draft agrees with it
+        assert reused_calls < plain_calls, (reused_calls, plain_calls)
+
+
 def test_silence_yields_no_text(decoder):
     rng = np.random.default_rng(2)
     silence = np.concatenate([np.zeros(2 * SAMPLE_RATE), rng.normal(0, 1e-4, 3 * SAMPLE_RATE)]).astype(np.float32)

@@ -38,6 +38,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             "layers of the target), or 'auto' (the preset's draft; default)")
     group.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
     group.add_argument("--dtype", default="auto", help="auto (fp16 on CUDA, fp32 on CPU) | float16 | bfloat16 | float32")
+    group.add_argument("--draft-dtype", default="same",
+                       help="the draft's dtype: same (the target's; default) | float16 | bfloat16 | float32. It "
+                            "changes speed and acceptance, never the output")
     group.add_argument("--mode", choices=MODES, default="exact",
                        help="off: target only; hf: transformers' assisted generation; baseline/exact/sigmoid: our "
                             "loop with the PyTorch reference / exact / sigmoid verification (default: exact)")
@@ -72,7 +75,8 @@ def decoder_from_args(args: argparse.Namespace) -> SpeculativeDecoder:
     draft = args.draft
     if options.mode == "off" and draft == "auto":
         draft = None  # target-only decoding: do not load a draft nobody will run
-    pair = load_pair(pair=args.pair, target=args.target, draft=draft, device=args.device, dtype=args.dtype)
+    pair = load_pair(pair=args.pair, target=args.target, draft=draft, device=args.device, dtype=args.dtype,
+                     draft_dtype=getattr(args, "draft_dtype", None))
     if pair.draft is None and options.mode != "off":
         log.warning("no draft model for '%s': decoding with the target only (mode off)", pair.target_name)
         options = options_from_args(args, mode="off")

@@ -3,6 +3,17 @@
 One loop serves every mode: `off` is the same loop with gamma = 0 (target only), `baseline`/`exact`/
 `sigmoid` call `asr_app.kernels.verify`, `hf` hands over to transformers (see hf_mode.py).
 
+Hints (every mode but `hf`): tokens the caller expects to follow the prompt, typically the previous
+decode of a streaming buffer that has since grown by a second (the idea of Yang et al. 2023, "Inference
+with Reference": copy a likely continuation and let the target check it in one pass). In `off` the
+hint is a step's whole proposal; with a draft model, the draft proposes first and, where every row's
+drafts equal its hint, the hint's continuation is appended, so a hint only ever lengthens a step.
+After a disagreement the output is realigned with the hint (hints.py); at most HintTracker.MAX_STEPS
+steps per decode use it. A hint is a deterministic draft, q = one-hot, verified exactly (greedily at
+T = 0, with the exact rule at T > 0), so the tokens at T = 0 and their distribution at T > 0 are those
+without it. (Comparing drafts with the hint reads the drafts on the host: one more sync per step on a
+GPU, paid only by callers that pass hints.)
+
 Batches: rows advance in lock-step so both KV caches keep one length for the whole batch. After a
 verification each row has its own number of accepted drafts; the step keeps `m + 1` tokens for every
 row, where `m` is the smallest acceptance among the active rows (rows that accepted more keep their
@@ -24,6 +35,7 @@ import torch
 
 from asr_app.decoding.gamma import GammaPolicy
 from asr_app.decoding.hf_mode import decode_hf
+from asr_app.decoding.hints import HintTracker
 from asr_app.decoding.options import DecodingOptions, DecodingResult, DecodingStats
 from asr_app.decoding.prompt import Prompt, build_prompt
 from asr_app.decoding.rules import RuleState, WhisperLogitRules
@@ -39,6 +51,32 @@ def _decoder_step(model, ids: torch.Tensor, encoder_hidden: torch.Tensor, cache)
     out = model.get_decoder()(input_ids=ids, encoder_hidden_states=encoder_hidden, past_key_values=cache,
                               use_cache=True)
     return out.last_hidden_state, out.past_key_values
+
+
+def _output_logits(proj: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+    """`proj(hidden)` for hidden [B, L, d]: the output layer (V x d, tied to the token embeddings).
+
+    On a CPU in fp32, `F.linear` with the few rows of a decoding step takes a path that reads the large
+    weight several times (5.5 ms for tiny.en's 51864 x 384 at one row, 8-10 ms at 2-8 rows, 2 threads);
+    `W @ hidden^T` streams it once (1.5-3 ms), and needs at least 2 columns to avoid the matrix-vector
+    path. Same products, summed in another order: values agree to ~1e-5, argmaxes in every test."""
+    rows = hidden.shape[0] * hidden.shape[1]
+    weight = proj.weight
+    if hidden.device.type != "cpu" or weight.dtype != torch.float32 or rows > 16 or proj.bias is not None:
+        return proj(hidden)
+    flat = hidden.reshape(rows, hidden.shape[-1])
+    if rows == 1:
+        flat = torch.cat([flat, flat])  # a real second row: a stride-0 view takes a slow path again
+    return torch.mm(weight, flat.t()).t()[:rows].reshape(*hidden.shape[:-1], weight.shape[0])
+
+
+def _one_hot_logits(tokens: torch.Tensor, vocab: int, temperature: float) -> torch.Tensor:
+    """Draft logits [B, g, V] for a deterministic draft: 0 at the token, -inf elsewhere (q = one-hot).
+    Greedy verification never reads draft logits, so at T = 0 a broadcast view stands in for them."""
+    if temperature == 0:
+        return torch.zeros((1, 1, 1), device=tokens.device).expand(*tokens.shape, vocab)
+    logits = torch.full((*tokens.shape, vocab), float("-inf"), device=tokens.device)
+    return logits.scatter_(-1, tokens[..., None], 0.0)
 
 
 def _crop(cache, tokens_to_drop: int) -> None:
@@ -76,7 +114,10 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ public API
     def decode(self, audio: np.ndarray | list[np.ndarray], options: DecodingOptions | None = None,
-               prompts: list[str | None] | None = None) -> list[DecodingResult]:
+               prompts: list[str | None] | None = None,
+               hints: Sequence[Sequence[int] | None] | None = None) -> list[DecodingResult]:
+        """Decode clips of at most 30 s. `prompts`: previous text per clip; `hints`: expected output tokens
+        per clip (see the module docstring; they change the speed, never the result; `hf` ignores them)."""
         if isinstance(audio, np.ndarray | torch.Tensor):
             if audio.ndim != 1:  # never read an (N, C) array as N clips (DESIGN.md: that exhausts memory)
                 raise ValueError(f"expected mono samples of shape (N,) or a list of clips, got an array of shape "
@@ -99,20 +140,21 @@ class SpeculativeDecoder:
         feats = self.feature_extractor([np.asarray(c, dtype=np.float32) for c in clips],
                                        sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
         windows = [len(c) / SAMPLE_RATE for c in clips]
-        return self._decode(feats, options, prompts, windows)
+        return self._decode(feats, options, prompts, windows, hints)
 
     def decode_features(self, features: torch.Tensor, options: DecodingOptions | None = None,
-                        prompts: list[str | None] | None = None) -> list[DecodingResult]:
+                        prompts: list[str | None] | None = None,
+                        hints: Sequence[Sequence[int] | None] | None = None) -> list[DecodingResult]:
         if features.dim() == 2:
             features = features[None]
         expected = (self.target.config.num_mel_bins, 2 * self.target.config.max_source_positions)
         if features.dim() != 3 or tuple(features.shape[1:]) != expected or features.shape[0] == 0:
             raise ValueError(f"features must have shape [B, {expected[0]}, {expected[1]}], got "
                              f"{tuple(features.shape)}")
-        return self._decode(features, options, prompts, [MAX_WINDOW_S] * features.shape[0])
+        return self._decode(features, options, prompts, [MAX_WINDOW_S] * features.shape[0], hints)
 
     # ------------------------------------------------------------------ batching
-    def _decode(self, feats, options, prompts, windows) -> list[DecodingResult]:
+    def _decode(self, feats, options, prompts, windows, hints=None) -> list[DecodingResult]:
         opts = options or self.options
         if opts.mode != "off" and self.draft is None:
             raise ValueError(f"mode '{opts.mode}' needs a draft model; load a pair with a draft or use mode 'off'")
@@ -121,6 +163,11 @@ class SpeculativeDecoder:
             prompts = [None] * batch
         if len(prompts) != batch:
             raise ValueError(f"got {len(prompts)} prompts for {batch} clips")
+        if hints is None:
+            hints = [None] * batch
+        if len(hints) != batch:
+            raise ValueError(f"got {len(hints)} hints for {batch} clips")
+        hints = [self._checked_hint(h, i) for i, h in enumerate(hints)]
         built = [build_prompt(self.generation_config, self.tokenizer, language=opts.language, task=opts.task,
                               timestamps=opts.timestamps, previous_text=p,
                               max_target_positions=self.max_positions) for p in prompts]
@@ -136,9 +183,20 @@ class SpeculativeDecoder:
             groups.setdefault((len(p.tokens), p.sot_index), []).append(i)
         for rows in groups.values():
             prompt_rows = [built[i] for i in rows]
-            for i, res in zip(rows, self._decode_batch(feats[rows], prompt_rows, opts, [windows[i] for i in rows])):
+            decoded = self._decode_batch(feats[rows], prompt_rows, opts, [windows[i] for i in rows],
+                                         [hints[i] for i in rows])
+            for i, res in zip(rows, decoded):
                 results[i] = res
         return results  # type: ignore[return-value]
+
+    def _checked_hint(self, hint, index: int) -> list[int] | None:
+        if hint is None:
+            return None
+        tokens = [int(t) for t in hint]
+        bad = [t for t in tokens if not 0 <= t < self.vocab]
+        if bad:
+            raise ValueError(f"hint {index}: token ids must lie in [0, {self.vocab}), got {bad[:5]}")
+        return tokens or None
 
     def _decode_hf(self, feats, prompt: Prompt, opts, window) -> DecodingResult:
         tokens, stats = decode_hf(self.target, self.draft, feats, prompt, opts,
@@ -176,7 +234,7 @@ class SpeculativeDecoder:
 
     @torch.inference_mode()
     def _decode_batch(self, feats: torch.Tensor, prompts: Sequence[Prompt], opts: DecodingOptions,
-                      windows: Sequence[float]) -> list[DecodingResult]:
+                      windows: Sequence[float], hints: Sequence[list[int] | None]) -> list[DecodingResult]:
         batch, device = feats.shape[0], self.pair.device
         speculative = opts.mode in SPECULATIVE_MODES
         shared = self.pair.shared_encoder if speculative else False
@@ -186,15 +244,20 @@ class SpeculativeDecoder:
         if opts.temperature > 0:
             generator = torch.Generator(device=device)
             generator.manual_seed(opts.seed)
-        if speculative:
+        # Lock-step rows share each step's width: a hint step needs a proposal for every row.
+        tracker = HintTracker([h for h in hints if h]) if hints and all(hints) else None
+        hint_steps_left = HintTracker.MAX_STEPS
+        if speculative or tracker is not None:
             from asr_app.kernels import verify
 
         t_begin = time.perf_counter()
         timer = _Timer()
         encoder_hidden = self.target.get_encoder()(feats).last_hidden_state
         draft_hidden = None
-        if speculative:
-            draft_hidden = encoder_hidden if shared else self.draft.get_encoder()(feats).last_hidden_state
+        if speculative:  # the draft may run in its own dtype (ModelPair.draft_dtype)
+            draft_dtype = self.pair.draft_compute_dtype
+            draft_hidden = (encoder_hidden.to(draft_dtype) if shared
+                            else self.draft.get_encoder()(feats.to(draft_dtype)).last_hidden_state)
         encoder_s = timer.lap()
         draft_s = target_s = verify_s = 0.0
         verify_steps: list[tuple[int, float]] = []
@@ -221,15 +284,23 @@ class SpeculativeDecoder:
 
         while rows and generated < max_len:
             length = history.shape[1]
-            gamma = policy.next(max_len - generated - 1) if speculative else 0
-            # ---- draft proposes gamma tokens, each from rule-processed logits with its own prefix
+            proposals = tracker.proposals() if tracker is not None and hint_steps_left > 0 else None
+            budget = max_len - generated - 1  # proposals this step may hold (one more token comes from the target)
+            drafted = hinted = 0  # this step's proposals: `drafted` from the draft model, then `hinted` from the hint
             draft_tokens = draft_logits = None
-            if gamma > 0:
+            if proposals is not None and not speculative:
+                # ---- target only: the hint is the whole proposal
+                hinted = min(min(len(p) for p in proposals), budget)
+                if hinted > 0:
+                    draft_tokens = torch.tensor([p[:hinted] for p in proposals], dtype=torch.long, device=device)
+                    draft_logits = _one_hot_logits(draft_tokens, self.vocab, opts.temperature)
+            elif speculative and policy.next(budget) > 0:
+                # ---- draft proposes gamma tokens, each from rule-processed logits with its own prefix
                 draft_state, ids = state, history[:, d_len:]
                 tokens_list, logits_list = [], []
-                for _ in range(gamma):
+                for _ in range(policy.next(budget)):
                     hidden, d_cache = _decoder_step(self.draft, ids, draft_hidden, d_cache)
-                    logits = rules.apply(self.draft.proj_out(hidden[:, -1:]), draft_state)
+                    logits = rules.apply(_output_logits(self.draft.proj_out, hidden[:, -1:]), draft_state)
                     token = self._choose(logits[:, 0], opts, generator, draft=True)
                     draft_state = rules.advance(draft_state, token[:, None])
                     tokens_list.append(token)
@@ -239,18 +310,40 @@ class SpeculativeDecoder:
                     # CPU, where reading the token costs nothing; on a GPU it would be a sync per draft.
                     if stop_at_eos and bool((token == self.eos).all()):
                         break
-                gamma = len(tokens_list)
-                d_len = length + gamma - 1  # the last draft token is proposed but not yet fed
+                drafted = len(tokens_list)
+                d_len = length + drafted - 1  # the last draft token is proposed but not yet fed
                 draft_tokens = torch.stack(tokens_list, dim=1)
                 draft_logits = torch.cat(logits_list, dim=1)
+                if proposals is not None:
+                    # ---- where every row's drafts are what its hint says, the hint continues the proposal
+                    # (so a hint only ever lengthens a step: a wrong hint costs nothing once the draft disagrees)
+                    drafts_host = draft_tokens.tolist()
+                    if all(p[:drafted] == d for p, d in zip(proposals, drafts_host)):
+                        hinted = max(0, min(min(len(p) for p in proposals) - drafted, budget - drafted))
+                    if hinted:
+                        extra = torch.tensor([p[drafted : drafted + hinted] for p in proposals], dtype=torch.long,
+                                             device=device)
+                        draft_tokens = torch.cat([draft_tokens, extra], dim=1)
+                        draft_logits = (_one_hot_logits(draft_tokens, self.vocab, 0.0) if opts.temperature == 0
+                                        else torch.cat([draft_logits, _one_hot_logits(
+                                            extra, self.vocab, opts.temperature).to(draft_logits.dtype)], dim=1))
                 draft_s += timer.lap()
+            if hinted:
+                hint_steps_left -= 1
+            gamma = drafted + hinted
             # ---- target scores the pending history token(s) and every draft in one pass
             ids = history[:, t_len:] if draft_tokens is None else torch.cat([history[:, t_len:], draft_tokens], 1)
             hidden, t_cache = _decoder_step(self.target, ids, encoder_hidden, t_cache)
             if generated == 0:
-                first = self.target.proj_out(hidden[:, sot_index]).float()
-                no_speech = torch.softmax(first, dim=-1)[:, self.no_speech_id]
-            target_logits = rules.apply(self.target.proj_out(hidden[:, -(gamma + 1):]), state, draft_tokens)
+                # P(<|nospeech|>) at <|startoftranscript|>, scored in the same output-layer call as the step's
+                # positions: on a CPU that layer is memory-bound (V x d weights read per call), so one call, not two.
+                scored = torch.cat([hidden[:, sot_index : sot_index + 1], hidden[:, -(gamma + 1):]], dim=1)
+                raw_logits = _output_logits(self.target.proj_out, scored)
+                no_speech = torch.softmax(raw_logits[:, 0].float(), dim=-1)[:, self.no_speech_id]
+                raw_logits = raw_logits[:, 1:]
+            else:
+                raw_logits = _output_logits(self.target.proj_out, hidden[:, -(gamma + 1):])
+            target_logits = rules.apply(raw_logits, state, draft_tokens)
             target_s += timer.lap()
             # ---- verification (or a plain target choice when nothing was drafted)
             if gamma > 0:
@@ -258,7 +351,11 @@ class SpeculativeDecoder:
                 num_draft = num_draft_cache.get(key)
                 if num_draft is None:
                     num_draft = num_draft_cache[key] = torch.full(key[:1], gamma, dtype=torch.long, device=device)
-                if opts.profile_verify:
+                if hinted and not drafted:  # the hint alone: a deterministic draft, verified exactly
+                    res = verify(target_logits, draft_logits, draft_tokens, num_draft, mode="exact",
+                                 temperature=opts.temperature, generator=generator)
+                    new_tokens, num_accepted = res.tokens, res.num_accepted
+                elif opts.profile_verify:
                     new_tokens, num_accepted, dt = self._profiled_verify(
                         verify, target_logits, draft_logits, draft_tokens, num_draft, opts, generator)
                     verify_steps.append((gamma, dt))
@@ -284,9 +381,14 @@ class SpeculativeDecoder:
                 toks = host[i][:keep]
                 st = stats[r]
                 st.target_calls += 1
-                st.draft_calls += gamma
-                st.drafted += gamma
-                st.accepted += min(host[i][-1], gamma)
+                accepted = min(host[i][-1], gamma)
+                st.draft_calls += drafted
+                st.drafted += drafted
+                st.accepted += min(accepted, drafted)
+                if hinted:
+                    st.hint_steps += 1
+                    st.hinted += hinted
+                    st.hint_accepted += max(0, accepted - drafted)
                 if self.eos in toks:
                     k = toks.index(self.eos)
                     out_tokens[r] += toks[:k]
@@ -300,7 +402,11 @@ class SpeculativeDecoder:
                     st.tokens_out += keep
                     logprob_count[r] += keep
             logprob_sum.index_add_(0, rows_dev, step_logprob)
-            policy.update(gamma, common)
+            if tracker is not None:
+                for i in range(len(rows)):
+                    tracker.advance(i, host[i][:keep])
+            if drafted:
+                policy.update(drafted, min(common, drafted))
             # ---- advance: append kept tokens, crop both caches to what is now known to be right
             kept = new_tokens[:, :keep]
             history = torch.cat([history, kept], dim=1)
@@ -308,20 +414,22 @@ class SpeculativeDecoder:
             generated += keep
             _crop(t_cache, gamma - common)  # target holds length + gamma; keep length + common
             t_len = length + common
-            if gamma > 0 and common < gamma - 1:
-                _crop(d_cache, gamma - 1 - common)
+            if drafted and common < drafted - 1:  # the draft cache holds length + drafted - 1 tokens
+                _crop(d_cache, drafted - 1 - common)
                 d_len = length + common
             if finished:
                 alive = [i for i in range(len(rows)) if i not in finished]
                 rows = [rows[i] for i in alive]
                 if not rows:
                     break
+                if tracker is not None:
+                    tracker.keep_rows(alive)
                 index = torch.tensor(alive, dtype=torch.long, device=device)
                 rows_dev = rows_dev[index]
                 history, encoder_hidden, state = history[index], encoder_hidden[index], state.select(index)
                 t_cache.reorder_cache(index)
                 if speculative:
-                    draft_hidden = draft_hidden[index] if not shared else encoder_hidden
+                    draft_hidden = draft_hidden[index]
                     if d_cache is not None:
                         d_cache.reorder_cache(index)
             timer.lap()

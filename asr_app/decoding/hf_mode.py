@@ -62,6 +62,18 @@ def decode_hf(target, draft, features: torch.Tensor, prompt: Prompt, opts: Decod
     # Count decoder forward calls to derive steps/acceptance (hf exposes no statistics of its own).
     t_dec, d_dec = target.get_decoder(), draft.get_decoder()
     counters = [_CallCounter(t_dec)] + ([_CallCounter(d_dec)] if d_dec is not t_dec else [])
+    hooks = [c.handle for c in counters]
+    draft_dtype = next(draft.parameters()).dtype
+    if draft_dtype != features.dtype:
+        # A draft in its own dtype (ModelPair.draft_dtype) is handed the target's encoder output by
+        # generate(); cast it on the way in, as our own loop does.
+        def cast_encoder_states(_module, args, kwargs):
+            states = kwargs.get("encoder_hidden_states")
+            if states is not None and states.dtype != draft_dtype:
+                kwargs["encoder_hidden_states"] = states.to(draft_dtype)
+            return args, kwargs
+
+        hooks.append(d_dec.register_forward_pre_hook(cast_encoder_states, with_kwargs=True))
     t0 = time.perf_counter()
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # generate() warns about max_length/max_new_tokens on every call
@@ -70,8 +82,8 @@ def decode_hf(target, draft, features: torch.Tensor, prompt: Prompt, opts: Decod
             out = target.generate(**kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
-        for c in counters:
-            c.handle.remove()
+        for hook in hooks:
+            hook.remove()
     stats.total_s = time.perf_counter() - t0
     ids = out.sequences if hasattr(out, "sequences") else out
     tokens = [int(t) for t in ids[0].tolist()]

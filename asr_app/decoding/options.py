@@ -55,6 +55,9 @@ class DecodingStats:
     draft_calls: int = 0
     drafted: int = 0
     accepted: int = 0
+    hint_steps: int = 0      # target calls whose proposal held hint tokens (see engine.py)
+    hinted: int = 0          # hint tokens offered
+    hint_accepted: int = 0   # hint tokens kept
     acceptance_rate: float = 0.0
     mean_accepted_per_step: float = 0.0
     encoder_s: float = 0.0

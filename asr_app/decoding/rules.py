@@ -62,11 +62,10 @@ class SuppressBlankAtBegin:
         self.mask = torch.zeros(vocab, dtype=torch.bool, device=device)
         self.mask[torch.tensor(tokens, dtype=torch.long)] = True
 
-    def apply(self, logits: torch.Tensor, first_generated: int) -> torch.Tensor:
-        if first_generated != 0:  # only position 0 of the very first step is affected
-            return logits
-        head = logits[:, :1].masked_fill(self.mask, NEG_INF)
-        return torch.cat([head, logits[:, 1:]], dim=1)
+    def apply_(self, out: torch.Tensor, first_generated: int) -> None:
+        """In place on `out` [B, L, V] (a tensor the rules own)."""
+        if first_generated == 0:  # only position 0 of the very first step is affected
+            out[:, :1].masked_fill_(self.mask, NEG_INF)
 
 
 class SuppressTokens:
@@ -79,7 +78,14 @@ class SuppressTokens:
         self.bias = torch.zeros(vocab, device=device).masked_fill(self.mask, NEG_INF)
         self._bias_by_dtype: dict[torch.dtype, torch.Tensor] = {}
 
+    def extend(self, token: int) -> None:
+        """Also suppress `token` everywhere (the timestamp rules never allow <|notimestamps|>)."""
+        self.mask[token] = True
+        self.bias[token] = NEG_INF
+        self._bias_by_dtype.clear()
+
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """A new tensor: `logits` with the suppressed tokens at -inf (the later rules work on it in place)."""
         bias = self._bias_by_dtype.get(logits.dtype)
         if bias is None:
             bias = self._bias_by_dtype[logits.dtype] = self.bias.to(logits.dtype)
@@ -88,42 +94,41 @@ class SuppressTokens:
 
 class ApplyTimestampRules:
     """Timestamps come in pairs, never decrease, start within `max_initial` steps of 0.00, and win when
-    their total probability beats every single text token."""
+    their total probability beats every single text token. (<|notimestamps|> is never allowed either;
+    WhisperLogitRules folds that into SuppressTokens.)"""
 
     def __init__(self, no_timestamps: int, eos: int, max_initial: int | None, vocab: int, device) -> None:
         self.no_timestamps = no_timestamps
         self.timestamp_begin = no_timestamps + 1
         self.eos = eos
         self.max_initial = max_initial
-        ids = torch.arange(vocab, device=device)
-        self.ids = ids
-        self.is_ts = ids >= self.timestamp_begin
-        self.is_text = ids < eos  # text tokens; EOS and specials stay allowed after a lone timestamp
-        self.before_ts = ids < self.timestamp_begin
+        self.ts_ids = torch.arange(self.timestamp_begin, vocab, device=device)  # the timestamp tokens
+        self.vocab = vocab
 
-    def apply(self, logits: torch.Tensor, states: RuleState) -> torch.Tensor:
-        """`logits` [B, L, V]; `states` fields [B, L] (the state before each position)."""
-        last, penult = states.last_is_ts[..., None], states.penult_is_ts[..., None]
-        has_ts = states.last_ts >= 0
-        pair_open = states.last_is_ts & ~states.penult_is_ts
-        floor = torch.where(
-            has_ts,
-            torch.where(pair_open, states.last_ts, states.last_ts + 1),
-            torch.full_like(states.last_ts, self.timestamp_begin),
-        )[..., None]
-        mask = (self.ids == self.no_timestamps) | (last & penult & self.is_ts) | (last & ~penult & self.is_text)
-        mask = mask | (self.is_ts & (self.ids < floor))
-        out = logits.masked_fill(mask, NEG_INF)
+    def apply_(self, out: torch.Tensor, states: RuleState) -> None:
+        """In place on `out` [B, L, V] (a tensor the rules own); `states` fields [B, L] (the state before
+        each position). Each mask touches only the part of the vocabulary it concerns, so the cost is
+        about one pass over the logits however many positions are scored."""
+        tb = self.timestamp_begin
+        pair_closed = states.last_is_ts & states.penult_is_ts  # two timestamps in a row: text or EOS next
+        pair_open = states.last_is_ts & ~states.penult_is_ts   # one timestamp: its partner or EOS next
+        # The lowest timestamp allowed: the open one itself, else one past the latest; none after a closed pair.
+        floor = torch.where(states.last_ts >= 0, torch.where(pair_open, states.last_ts, states.last_ts + 1),
+                            torch.full_like(states.last_ts, tb))
+        floor = torch.where(pair_closed, torch.full_like(floor, self.vocab), floor)
+        out[..., tb:].masked_fill_(self.ts_ids < floor[..., None], NEG_INF)
+        out[..., : self.eos].masked_fill_(pair_open[..., None], NEG_INF)
         if states.generated == 0:  # first generated token: must be a timestamp, and an early one
-            first = self.before_ts.clone()
+            out[:, :1, :tb] = NEG_INF
             if self.max_initial is not None:
-                first |= self.ids > self.timestamp_begin + self.max_initial
-            out = torch.cat([out[:, :1].masked_fill(first, NEG_INF), out[:, 1:]], dim=1)
-        logprobs = torch.log_softmax(out.float(), dim=-1)
-        ts_mass = logprobs[..., self.timestamp_begin :].logsumexp(dim=-1)
-        best_text = logprobs[..., : self.timestamp_begin].max(dim=-1).values
-        force_ts = (ts_mass > best_text)[..., None]
-        return out.masked_fill(force_ts & self.before_ts, NEG_INF)
+                out[:, :1, tb + self.max_initial + 1 :] = NEG_INF
+        # transformers compares log-probabilities: logsumexp(logp[ts]) > max(logp[text]). Both sides carry
+        # the same normaliser, so comparing the logits themselves is the same test without a log_softmax
+        # over the whole vocabulary.
+        scores = out.float()
+        ts_mass = scores[..., tb:].logsumexp(dim=-1)
+        best_text = scores[..., :tb].amax(dim=-1)
+        out[..., :tb].masked_fill_((ts_mass > best_text)[..., None], NEG_INF)
 
 
 class WhisperLogitRules:
@@ -142,6 +147,8 @@ class WhisperLogitRules:
             else None
         )
         self.timestamp_begin = gc.no_timestamps_token_id + 1
+        if self.timestamp is not None:
+            self.suppress.extend(gc.no_timestamps_token_id)
 
     @property
     def stateful(self) -> bool:
@@ -164,13 +171,13 @@ class WhisperLogitRules:
 
     def apply(self, logits: torch.Tensor, state: RuleState, drafts: torch.Tensor | None = None) -> torch.Tensor:
         """Process logits [B, L, V] for L consecutive positions; position j's prefix ends with drafts[:, :j]."""
-        out = self.begin.apply(logits, state.generated)
-        out = self.suppress.apply(out)
+        out = self.suppress.apply(logits)  # a new tensor: the other rules write into it
+        self.begin.apply_(out, state.generated)
         if self.timestamp is not None:
             if drafts is None:
                 drafts = torch.empty(logits.shape[0], 0, dtype=torch.long, device=logits.device)
             assert drafts.shape[1] == logits.shape[1] - 1, "one draft token between consecutive positions"
-            out = self.timestamp.apply(out, self.states_along(state, drafts))
+            self.timestamp.apply_(out, self.states_along(state, drafts))
         return out
 
     def advance(self, state: RuleState, tokens: torch.Tensor) -> RuleState:

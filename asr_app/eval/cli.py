@@ -152,6 +152,7 @@ def run_metadata(args: argparse.Namespace, decoder, utterances, has_spelling: bo
         "device": str(pair.device),
         "device_name": torch.cuda.get_device_name(pair.device) if pair.device.type == "cuda" else platform.processor() or platform.machine(),
         "dtype": str(pair.dtype).replace("torch.", ""),
+        "draft_dtype": str(pair.draft_dtype).replace("torch.", "") if pair.draft_dtype else None,
         "temperature": options.temperature,
         "seed": options.seed,
         "gamma": options.gamma if options.gamma is not None else "heuristic",

@@ -141,7 +141,7 @@ def render_report(run: EvalRun, meta: dict, plots: dict[str, str]) -> str:
         f"- dataset: {meta.get('dataset_label', '')}; {len(run.records)} utterances, "
         f"{len(run.records) - len(run.failures)} evaluated, {len(run.failures)} excluded",
         f"- target: {meta.get('target')}; draft: {meta.get('draft')}; device: {meta.get('device')}; "
-        f"dtype: {meta.get('dtype')}",
+        f"dtype: {meta.get('dtype')}" + (f" (draft: {meta['draft_dtype']})" if meta.get("draft_dtype") else ""),
         f"- decoding: {'greedy (temperature 0)' if not temp else f'sampling, temperature {temp}'}, seed "
         f"{meta.get('seed')}, gamma {meta.get('gamma')}, sigmoid alpha/beta {meta.get('alpha')}/{meta.get('beta')}",
         f"- warm-up: {run.warmup_utterances} utterance(s) per mode, not measured; verification time: PyTorch "
