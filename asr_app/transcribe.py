@@ -5,12 +5,18 @@ at the last complete segment's closing timestamp (or one window further when the
 closed its last segment at the window end or emitted none). Each window is decoded with
 the previous text as prompt. Several files advance together when `batch_size > 1`: each
 round decodes the current window of every active file in one batched call.
+
+Temperature fallback, also as Whisper does it: a window whose text is a repetition loop (gzip
+compression ratio above 2.4) or whose mean log-probability is below -1 is decoded again at
+temperatures 0.2, 0.4, ... 1.0 until it passes; a window judged silent is not retried. After a
+window decoded above T = 0.5 the previous text is no longer passed as prompt (it may be the loop).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +32,7 @@ WINDOW_SECONDS = 30.0
 WINDOW_SAMPLES = int(WINDOW_SECONDS * SAMPLE_RATE)
 TIME_PRECISION = 0.02          # seconds per timestamp token step
 MIN_TAIL_SECONDS = 0.1         # a shorter remainder is not worth a window (and invites hallucinations)
+TEMPERATURE_FALLBACK = (0.2, 0.4, 0.6, 0.8, 1.0)   # openai/whisper's schedule after T = 0
 
 __all__ = ["Transcript", "TranscribeOptions", "transcribe", "transcribe_many", "write_outputs"]
 
@@ -39,6 +46,8 @@ class TranscribeOptions:
     logprob_threshold: float = -1.0          # ... and its mean log-prob is below this
     energy_threshold: float = SILENCE_RMS    # a window with no 30 ms frame this loud is skipped, not decoded
     batch_size: int = 1
+    temperature_fallback: tuple[float, ...] = TEMPERATURE_FALLBACK  # retry temperatures; () = no fallback
+    compression_ratio_threshold: float | None = 2.4  # text compressing better than this is a repetition loop
 
 
 @dataclass
@@ -68,6 +77,9 @@ class _LongForm:
         self.windows = 0
         self.results: list[Any] = []
         self.started = time.perf_counter()
+        self.temperatures: list[float] = []  # the temperature each decoded window was finally decoded at
+        self.fallbacks = 0                   # extra decodes made by the temperature fallback
+        self.prompt_from = 0                 # segments before this index are not used as prompt
 
     @property
     def done(self) -> bool:
@@ -77,9 +89,10 @@ class _LongForm:
         return self.audio[self.seek:self.seek + WINDOW_SAMPLES]
 
     def prompt(self, options: TranscribeOptions) -> str | None:
-        if not options.condition_on_previous_text or not self.segments:
+        previous = self.segments[self.prompt_from:]
+        if not options.condition_on_previous_text or not previous:
             return None
-        text = " ".join(s.text for s in self.segments)[-options.prompt_chars:]
+        text = " ".join(s.text for s in previous)[-options.prompt_chars:]
         return text.strip() or None
 
 
@@ -127,6 +140,45 @@ def split_window(tokens: list[int], timestamp_begin: int, window_s: float,
     if advance <= 0:  # never loop on the same window
         advance = window_s
     return segments, advance
+
+
+def compression_ratio(text: str) -> float:
+    """Bytes of `text` over bytes of its zlib compression: about 1-2 for speech, more for a repetition loop."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def needs_fallback(result: Any, options: TranscribeOptions) -> bool:
+    """openai/whisper's test of a failed window: too repetitive or too unlikely, unless it is silence."""
+    if (result.no_speech_prob > options.no_speech_threshold
+            and result.avg_logprob < options.logprob_threshold):
+        return False  # silence: skipped by _advance, retrying would only invent words
+    threshold = options.compression_ratio_threshold
+    if threshold is not None and compression_ratio(result.text) > threshold:
+        return True
+    return bool(result.avg_logprob < options.logprob_threshold)  # NaN (mode hf) compares False
+
+
+def _with_fallback(decoder: Any, job: _LongForm, result: Any, decoding: DecodingOptions,
+                   options: TranscribeOptions) -> Any:
+    """Decode the job's window again at rising temperatures while the result looks failed; the last
+    result is kept when every temperature fails (as Whisper does)."""
+    temperature = decoding.temperature
+    for retry_temperature in (t for t in options.temperature_fallback if t > decoding.temperature):
+        if not needs_fallback(result, options):
+            break
+        started = time.perf_counter()
+        try:
+            retry = dataclasses.replace(decoding, temperature=retry_temperature)
+            result = decoder.decode([job.window()], retry, prompts=[job.prompt(options)])[0]
+        except Exception:  # noqa: BLE001 - the window already has a result; keep it rather than fail the file
+            break
+        finally:
+            job.decode_s += time.perf_counter() - started
+        job.fallbacks += 1
+        temperature = retry_temperature
+    job.temperatures.append(temperature)
+    return result
 
 
 def _timestamp_begin(decoder: Any) -> int:
@@ -209,8 +261,11 @@ def transcribe_many(decoder: Any, items: Iterable[tuple[Any, str | Path | np.nda
                 finished.append((job, outcome))
                 continue
             result, seconds = outcome
+            result = _with_fallback(decoder, job, result, decoding, options)
             before = job.seek
             _advance(job, result, ts_begin, decode_text, options)
+            if job.temperatures[-1] > 0.5:
+                job.prompt_from = len(job.segments)  # do not condition the next window on a sampled window
             if on_progress:
                 on_progress((min(job.seek, len(job.audio)) - before) / SAMPLE_RATE)
             if job.done:
@@ -286,7 +341,8 @@ def _finish(job: _LongForm, decoder: Any, decoding: DecodingOptions) -> Transcri
                "device": str(getattr(pair, "device", "")), "dtype": str(getattr(pair, "dtype", ""))},
         timings={"load_s": round(getattr(job, "load_s", 0.0), 4), "decode_s": round(job.decode_s, 4),
                  "total_s": round(total, 4), "rtf": round(job.decode_s / duration, 4) if duration else 0.0},
-        stats=_aggregate_stats(job.results, decoding.mode),
+        stats={**_aggregate_stats(job.results, decoding.mode), "temperature_fallbacks": job.fallbacks,
+               "window_temperatures": job.temperatures},
     )
 
 

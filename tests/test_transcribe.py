@@ -20,7 +20,15 @@ from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, LJSPEECH_DIR, REPO_ROOT, TINY_E
 from asr_app.audio import SAMPLE_RATE, AudioLoadError, load_audio
 from asr_app.cli import transcribe as cli
 from asr_app.decoding import Segment
-from asr_app.transcribe import TranscribeOptions, Transcript, split_window, transcribe, transcribe_many
+from asr_app.transcribe import (
+    TranscribeOptions,
+    Transcript,
+    compression_ratio,
+    needs_fallback,
+    split_window,
+    transcribe,
+    transcribe_many,
+)
 from asr_app.writers import format_timestamp, parse_formats, to_srt, to_vtt, write_atomic
 
 LJ = LJSPEECH_DIR / "wavs"
@@ -152,6 +160,65 @@ def test_long_form_over_30s_has_monotone_timestamps(decoder):
     assert jiwer.wer(normalise(reference), normalise(result.text)) < 0.2, result.text
     assert result.stats["windows"] >= 2 and result.stats["mode"] == "exact"
     assert 0.0 < result.stats["acceptance_rate"] <= 1.0
+    # clean speech needs no temperature fallback
+    assert result.stats["temperature_fallbacks"] == 0
+    assert result.stats["window_temperatures"] == [0.0] * result.stats["windows"]
+
+
+def test_fallback_rule_flags_loops_and_improbable_text_but_not_silence():
+    from types import SimpleNamespace
+
+    speech = (JFK_FLAC.parent / "jfk.txt").read_text()
+    loop = "I'm going to go to the store. " * 12
+    assert compression_ratio(speech) < 2.4 < compression_ratio(loop) and compression_ratio("") == 0.0
+    options = TranscribeOptions()
+
+    def result(text, avg_logprob=-0.3, no_speech_prob=0.01):
+        return SimpleNamespace(text=text, avg_logprob=avg_logprob, no_speech_prob=no_speech_prob)
+
+    assert not needs_fallback(result(speech), options)
+    assert needs_fallback(result(loop), options)                       # a repetition loop
+    assert needs_fallback(result(speech, avg_logprob=-1.4), options)   # improbable
+    assert not needs_fallback(result(speech, avg_logprob=float("nan")), options)  # mode hf reports none
+    assert not needs_fallback(result(loop, avg_logprob=-1.4, no_speech_prob=0.9), options)  # silence
+    assert not needs_fallback(result(loop), TranscribeOptions(compression_ratio_threshold=None))
+
+
+class RecordingDecoder:
+    """The real decoder, recording each decode's temperature and prompt."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def decode(self, audio, options=None, prompts=None, hints=None):
+        self.calls.append((options.temperature, list(prompts or [])))
+        return self.inner.decode(audio, options, prompts, hints)
+
+
+def test_temperature_fallback_retries_then_drops_the_prompt(decoder):
+    from asr_app.decoding import DecodingOptions
+
+    gap = np.zeros(SAMPLE_RATE // 2, dtype=np.float32)
+    parts = [load_audio(LJ / "LJ001-0001.wav"), gap, load_audio(JFK_FLAC), gap, load_audio(LJ / "LJ001-0003.wav")]
+    audio = np.concatenate(parts)  # 2 windows
+    off = DecodingOptions(mode="off", seed=1)
+    normal = RecordingDecoder(decoder)
+    plain = transcribe(normal, audio, TranscribeOptions(decoding=off))
+    assert [t for t, _ in normal.calls] == [0.0, 0.0] and normal.calls[1][1][0]  # window 2 has a prompt
+    # Every window "fails" (mean log-prob is always below 0): each is retried at 0.2 ... 1.0, the last
+    # result is kept, and after a window sampled above T = 0.5 the next one gets no prompt.
+    forced = RecordingDecoder(decoder)
+    result = transcribe(forced, audio, TranscribeOptions(decoding=off, logprob_threshold=0.0))
+    schedule = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert [t for t, _ in forced.calls] == schedule * 2
+    assert forced.calls[len(schedule)][1] == [None]
+    assert result.stats["temperature_fallbacks"] == 10 and result.stats["window_temperatures"] == [1.0, 1.0]
+    assert result.text and plain.stats["temperature_fallbacks"] == 0
+    # sampling at T = 1 from tiny.en still transcribes this clean speech roughly
+    assert jiwer.wer(normalise(plain.text), normalise(result.text)) < 0.6, result.text
 
 
 def test_batched_files_match_one_by_one(decoder):
@@ -216,6 +283,23 @@ def test_cli_without_output_dir_prints_transcript(capsys, reuse_decoder):
     captured = capsys.readouterr()
     assert "ask not what your country can do for you" in captured.out.lower()
     assert "1 transcribed, 0 failed" in captured.err
+
+
+@pytest.mark.parametrize("flag", [[], ["--no-fallback"]])
+def test_cli_fallback_switch(capsys, reuse_decoder, monkeypatch, flag):
+    import asr_app.transcribe as module
+
+    seen = []
+    real = module.transcribe_many
+
+    def recording(decoder, items, options, on_progress=None):
+        seen.append(options)
+        return real(decoder, items, options, on_progress)
+
+    monkeypatch.setattr(module, "transcribe_many", recording)
+    assert cli.main([str(JFK_FLAC), "--quiet", *MODEL_ARGS, *flag]) == 0
+    assert "ask not what your country" in capsys.readouterr().out.lower()
+    assert seen[0].temperature_fallback == (() if flag else (0.2, 0.4, 0.6, 0.8, 1.0))
 
 
 def test_cli_non_recursive_ignores_nested_and_reports_missing(tmp_path, capsys, reuse_decoder):

@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="skip files whose outputs all exist already (resume an interrupted run)")
     parser.add_argument("--batch-size", type=int, default=1, help="files decoded together (default 1)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--no-fallback", action="store_true",
+                        help="no temperature fallback (by default a window that loops or is improbable is decoded "
+                             "again at T = 0.2 ... 1.0, as Whisper does)")
     add_model_args(parser)
     if "--language" not in parser._option_string_actions:  # common.py may or may not define it
         parser.add_argument("--language", default="en", help="spoken language (default en)")
@@ -113,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     if decoder is None:
         return 2
     decoding = dataclasses.replace(decoder.options, language=args.language)
-    options = TranscribeOptions(decoding=decoding, batch_size=args.batch_size)
+    options = TranscribeOptions(decoding=decoding, batch_size=args.batch_size,
+                                **({"temperature_fallback": ()} if args.no_fallback else {}))
 
     from tqdm import tqdm
 
