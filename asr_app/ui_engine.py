@@ -64,15 +64,14 @@ class SessionDecoder:
         self.usage = UsageTotals()
 
     def decode(self, *args: Any, **kwargs: Any) -> list[DecodingResult]:
-        with self._lock:
-            results = self._decoder.decode(*args, **kwargs)
-        for result in results:
-            self.usage.add(result)
-        return results
+        return self._locked(self._decoder.decode, *args, **kwargs)
 
     def decode_features(self, *args: Any, **kwargs: Any) -> list[DecodingResult]:
+        return self._locked(self._decoder.decode_features, *args, **kwargs)
+
+    def _locked(self, method: Any, *args: Any, **kwargs: Any) -> list[DecodingResult]:
         with self._lock:
-            results = self._decoder.decode_features(*args, **kwargs)
+            results = method(*args, **kwargs)
         for result in results:
             self.usage.add(result)
         return results

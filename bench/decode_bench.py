@@ -111,8 +111,10 @@ def table(name: str, summary: dict) -> str:
     for m, s in summary.items():
         acc = "-" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.3f}"
         tpc = "-" if s["tokens_per_target_call"] is None else f"{s['tokens_per_target_call']:.2f}"
-        lines.append(f"| {m} | {s['median_s_per_utt']:.3f} | {s['tokens_per_s']:.1f} | {s['speedup_vs_off']:.2f}x | "
-                     f"{s['ratio_vs_hf']:.2f}x | {acc} | {tpc} | {s['identical_to_off']} |")
+        off = "-" if s["speedup_vs_off"] is None else f"{s['speedup_vs_off']:.2f}x"  # None: that mode was not run
+        hf = "-" if s["ratio_vs_hf"] is None else f"{s['ratio_vs_hf']:.2f}x"
+        lines.append(f"| {m} | {s['median_s_per_utt']:.3f} | {s['tokens_per_s']:.1f} | {off} | {hf} | {acc} | {tpc} | "
+                     f"{s['identical_to_off']} |")
     return "\n".join(lines)
 
 
@@ -147,9 +149,10 @@ def main(argv=None) -> None:
             p = self_draft_pair(pair)
         summary = run(p, clips, args.repeats, args.modes)
         report["results"][name] = summary
-        summary["draft_dtype"] = str(p.draft_compute_dtype).removeprefix("torch.")
-        print(table(f"{name} ({p.draft_name}, {summary['draft_dtype']}, shared encoder: {p.shared_encoder})",
-                    {m: v for m, v in summary.items() if m in MODES}), "\n", flush=True)
+        dtype = str(p.draft_compute_dtype).removeprefix("torch.")
+        report["config"].setdefault("draft_dtypes", {})[name] = dtype
+        print(table(f"{name} ({p.draft_name}, {dtype}, shared encoder: {p.shared_encoder})", summary), "\n",
+              flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

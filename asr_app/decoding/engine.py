@@ -284,8 +284,9 @@ class SpeculativeDecoder:
 
         while rows and generated < max_len:
             length = history.shape[1]
-            proposals = tracker.proposals() if tracker is not None and hint_steps_left > 0 else None
+            proposals = tracker.proposals() if tracker is not None else None
             budget = max_len - generated - 1  # proposals this step may hold (one more token comes from the target)
+            model_gamma = policy.next(budget) if speculative else 0
             drafted = hinted = 0  # this step's proposals: `drafted` from the draft model, then `hinted` from the hint
             draft_tokens = draft_logits = None
             if proposals is not None and not speculative:
@@ -294,11 +295,11 @@ class SpeculativeDecoder:
                 if hinted > 0:
                     draft_tokens = torch.tensor([p[:hinted] for p in proposals], dtype=torch.long, device=device)
                     draft_logits = _one_hot_logits(draft_tokens, self.vocab, opts.temperature)
-            elif speculative and policy.next(budget) > 0:
+            elif model_gamma > 0:
                 # ---- draft proposes gamma tokens, each from rule-processed logits with its own prefix
                 draft_state, ids = state, history[:, d_len:]
                 tokens_list, logits_list = [], []
-                for _ in range(policy.next(budget)):
+                for _ in range(model_gamma):
                     hidden, d_cache = _decoder_step(self.draft, ids, draft_hidden, d_cache)
                     logits = rules.apply(_output_logits(self.draft.proj_out, hidden[:, -1:]), draft_state)
                     token = self._choose(logits[:, 0], opts, generator, draft=True)
@@ -328,8 +329,6 @@ class SpeculativeDecoder:
                                         else torch.cat([draft_logits, _one_hot_logits(
                                             extra, self.vocab, opts.temperature).to(draft_logits.dtype)], dim=1))
                 draft_s += timer.lap()
-            if hinted:
-                hint_steps_left -= 1
             gamma = drafted + hinted
             # ---- target scores the pending history token(s) and every draft in one pass
             ids = history[:, t_len:] if draft_tokens is None else torch.cat([history[:, t_len:], draft_tokens], 1)
@@ -403,8 +402,13 @@ class SpeculativeDecoder:
                     logprob_count[r] += keep
             logprob_sum.index_add_(0, rows_dev, step_logprob)
             if tracker is not None:
-                for i in range(len(rows)):
-                    tracker.advance(i, host[i][:keep])
+                if hinted:
+                    hint_steps_left -= 1
+                if hint_steps_left == 0:
+                    tracker = None  # the hint has had its steps: stop following the output
+                else:
+                    for i in range(len(rows)):
+                        tracker.advance(i, host[i][:keep])
             if drafted:
                 policy.update(drafted, min(common, drafted))
             # ---- advance: append kept tokens, crop both caches to what is now known to be right

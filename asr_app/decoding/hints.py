@@ -25,7 +25,7 @@ class HintTracker:
         self.hints = [list(h) for h in hints]
         self.cursor: list[int | None] = [0] * len(self.hints)
         self.expected = [0] * len(self.hints)  # hint index of the next output token if nothing shifted
-        self.outputs: list[list[int]] = [[] for _ in self.hints]
+        self.tails: list[list[int]] = [[] for _ in self.hints]  # the last MAX_NGRAM output tokens
 
     def proposals(self) -> list[list[int]]:
         """Per row: the hint tokens that would come next (empty when the row's hint is lost or used up)."""
@@ -33,7 +33,7 @@ class HintTracker:
 
     def advance(self, row: int, tokens: Sequence[int]) -> None:
         """Record the tokens the row kept this step and realign its hint."""
-        hint, output = self.hints[row], self.outputs[row]
+        hint = self.hints[row]
         for token in tokens:
             cursor = self.cursor[row]
             if cursor is not None and cursor < len(hint) and hint[cursor] == token:
@@ -42,16 +42,17 @@ class HintTracker:
                 self.cursor[row] = None
             self.expected[row] = (self.cursor[row] if self.cursor[row] is not None
                                   else self.expected[row] + 1)
-            output.append(token)
+        self.tails[row] = (self.tails[row] + list(tokens))[-self.MAX_NGRAM:]
         if self.cursor[row] is None:
             self.cursor[row] = self._lookup(row)
 
     def _lookup(self, row: int) -> int | None:
-        hint, output, expected = self.hints[row], self.outputs[row], self.expected[row]
-        for n in range(min(self.MAX_NGRAM, len(output)), 0, -1):
-            suffix = output[-n:]
-            ends = [i + n for i in range(len(hint) - n + 1) if hint[i : i + n] == suffix]
-            near = [e for e in ends if abs(e - expected) <= self.WINDOW and e < len(hint)]
+        hint, tail, expected = self.hints[row], self.tails[row], self.expected[row]
+        for n in range(len(tail), 0, -1):
+            suffix = tail[-n:]
+            # where the suffix would end in the hint: near the expected place, with a token after it
+            window = range(max(n, expected - self.WINDOW), min(len(hint) - 1, expected + self.WINDOW) + 1)
+            near = [e for e in window if hint[e - n : e] == suffix]
             if near:
                 best = min(near, key=lambda e: abs(e - expected))
                 self.expected[row] = best
@@ -63,4 +64,4 @@ class HintTracker:
         self.hints = [self.hints[i] for i in rows]
         self.cursor = [self.cursor[i] for i in rows]
         self.expected = [self.expected[i] for i in rows]
-        self.outputs = [self.outputs[i] for i in rows]
+        self.tails = [self.tails[i] for i in rows]
