@@ -12,6 +12,11 @@ implementations (that is what ``verify`` dispatches to there) and are timed with
 rounds, because a shared machine's load comes in bursts). transformers' function is batch-1 only, so
 for B > 1 the anchor is one call per row, which is what assisted generation would have to do.
 The ratio column is anchor time / mode time (> 1: faster than transformers).
+
+On CUDA each of our modes is timed twice: launched as the decoding loop launched it before the runtime
+(`verify(...)`: argument checks, allocations, three Triton launches from Python), and replayed from a
+CUDA graph that captured the same call with its random numbers drawn beforehand (`<mode>@graph`), which
+is how the decoding runtime runs it now. The difference is the host-side launch cost.
 """
 
 from __future__ import annotations
@@ -19,20 +24,18 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from transformers.generation.utils import _speculative_sampling  # noqa: E402
-
-from asr_app.kernels import verify  # noqa: E402
+from asr_app.kernels import VerifyRandomness, verify
+from asr_app.kernels.baseline import transformers_speculative_sampling
+from asr_app.kernels.triton_support import tl, triton
 
 IMPLS = ("transformers", "baseline", "exact", "sigmoid", "greedy")
+GRAPHED = ("exact", "sigmoid", "greedy")
 DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 LAUNCHES = {"exact": 3, "sigmoid": 2, "greedy": 2}
 
@@ -68,11 +71,38 @@ def step_fn(impl, target, draft, tokens, num_draft, generator):
 
         def run():
             for ids, cand, new in rows:
-                _speculative_sampling(ids, cand, gamma, new)
+                transformers_speculative_sampling(ids, cand, gamma, new)
         return run
     mode = impl
     alpha, beta = -1e3, 1e3
     return lambda: verify(target, draft, tokens, num_draft, mode, 1.0, alpha, beta, generator)
+
+
+def graphed_fn(mode, target, draft, tokens, num_draft, generator):
+    """The same verification captured in a CUDA graph (uniforms drawn into a static tensor first, as the
+    decoding runtime does), returned as its replay."""
+    uniforms = torch.rand((target.shape[0], target.shape[1]), dtype=torch.float64, device=target.device,
+                          generator=generator)
+
+    def call():
+        return verify(target, draft, tokens, num_draft, mode, 1.0, -1e3, 1e3,
+                      randomness=VerifyRandomness(uniforms), check_values=False)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # compiles the kernels outside the capture
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph.replay
+
+
+@triton.jit
+def _empty_kernel(x_ptr, BLOCK: tl.constexpr):
+    pass
 
 
 def time_us(fn, device, min_run_time, clock="wall"):
@@ -122,15 +152,8 @@ def floors(device, clock="wall"):
     copy_us = min(time_us(lambda: big.clone(), device, 0.2, clock) for _ in range(3))
     bandwidth = 2 * big.numel() * 4 / (copy_us * 1e-6)  # read + write
     empty_us = None
-    if device.type == "cuda":
-        import triton
-        import triton.language as tl
-
-        @triton.jit
-        def _empty(x_ptr, BLOCK: tl.constexpr):
-            pass
-
-        empty_us = time_us(lambda: _empty[(1,)](big, BLOCK=1), device, 0)
+    if device.type == "cuda":  # a module-level kernel: Triton resolves `tl` from the module's globals
+        empty_us = time_us(lambda: _empty_kernel[(1,)](big, BLOCK=1), device, 0)
     return empty_us, bandwidth
 
 
@@ -187,19 +210,23 @@ def main(argv=None):
                     generator = torch.Generator(device=device).manual_seed(0)
                     anchor = None
                     fns = {impl: step_fn(impl, *inputs, generator) for impl in args.impl}
+                    if device.type == "cuda":
+                        fns |= {f"{m}@graph": graphed_fn(m, *inputs, generator) for m in GRAPHED if m in args.impl}
                     timings = time_impls(fns, device, args.min_run_time, args.rounds, args.clock)
-                    for impl in args.impl:
+                    for impl in fns:
                         us = timings[impl]
                         impl_backend = "torch" if impl in ("transformers", "baseline") else backend
+                        impl_backend += "+graph" if impl.endswith("@graph") else ""
                         row = Row(impl, impl_backend, batch, gamma, vocab, dtype_name, round(us, 2))
                         if impl == "transformers":
                             anchor = us
                         elif anchor is not None:
                             row.speedup_vs_transformers = round(anchor / us, 3)
                         rows.append(row)
-                        floor = bytes_read(impl, batch, gamma, vocab, DTYPES[dtype_name].itemsize) / bandwidth * 1e6
-                        if empty_us is not None and impl in LAUNCHES:
-                            floor = max(floor, LAUNCHES[impl] * empty_us)
+                        floor = bytes_read(impl.removesuffix("@graph"), batch, gamma, vocab, DTYPES[dtype_name].itemsize) / bandwidth * 1e6
+                        launches = LAUNCHES.get(impl.removesuffix("@graph"))
+                        if empty_us is not None and launches:
+                            floor = max(floor, launches * empty_us)
                         ratio = f"{row.speedup_vs_transformers:8.2f}" if row.speedup_vs_transformers else f"{'-':>8s}"
                         print(f"{impl:13s} {batch:3d} {gamma:3d} {vocab:6d} {dtype_name:8s} {us:11.1f} {ratio} "
                               f"{floor:9.1f}", flush=True)
@@ -230,8 +257,8 @@ def main(argv=None):
 
 def summarise_target(rows):
     for r in rows:
-        if r.impl == "exact" and (r.batch, r.gamma, r.vocab) == (1, 5, 51864):
-            print(f"target check: exact ({r.backend}) at B=1 g=5 V=51864 {r.dtype}: "
+        if r.impl in ("exact", "exact@graph") and (r.batch, r.gamma, r.vocab) == (1, 5, 51864):
+            print(f"target check: {r.impl} ({r.backend}) at B=1 g=5 V=51864 {r.dtype}: {r.median_us} us, "
                   f"{r.speedup_vs_transformers}x transformers' _speculative_sampling")
 
 
@@ -246,7 +273,7 @@ def plot(rows, path, meta):
     nrows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.6 * nrows), squeeze=False)
     for ax, (batch, vocab, dtype) in zip(axes.flat, panels):
-        for impl in IMPLS:
+        for impl in (*IMPLS, *(f"{m}@graph" for m in GRAPHED)):
             pts = sorted((r.gamma, r.median_us) for r in rows
                          if (r.impl, r.batch, r.vocab, r.dtype) == (impl, batch, vocab, dtype))
             if pts:

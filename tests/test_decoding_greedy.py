@@ -29,10 +29,12 @@ from transformers.generation.logits_process import (
     WhisperTimeStampLogitsProcessor,
 )
 
-from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
 from asr_app.models import ModelPair, derive_draft, detect_shared_encoder, load_pair
 
 SPEC_MODES = ("baseline", "exact", "sigmoid")
+# Random models ramble over the whole vocabulary: their drafts score all of it, or nothing would be accepted.
+FULL_VOCAB = RuntimeOptions(draft_vocab=None)
 
 
 def load_clip(path) -> np.ndarray:
@@ -132,7 +134,7 @@ def test_greedy_identity_tiny_random(processor, tiny_features, draft_kind, times
         draft = perturbed_copy(target, scale=0.3, seed=1)
     pair = make_pair(target, draft, processor)
     assert pair.shared_encoder == (draft_kind == "shared_encoder")
-    decoder = SpeculativeDecoder(pair)
+    decoder = SpeculativeDecoder(pair, runtime=FULL_VOCAB)
     max_new = 24
     reference = raw_generate_tokens(target, tiny_features, timestamps, max_new)
     if not timestamps:
@@ -245,7 +247,7 @@ def test_input_errors(real_pair):
 def test_stats_and_profiled_verify(processor, tiny_features):
     target = tiny_target()
     pair = make_pair(target, perturbed_copy(target, scale=0.1, seed=3), processor)
-    decoder = SpeculativeDecoder(pair)
+    decoder = SpeculativeDecoder(pair, runtime=FULL_VOCAB)
     opts = DecodingOptions(mode="exact", max_new_tokens=20, gamma=3, profile_verify=True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         res = decoder.decode_features(tiny_features, opts)[0]

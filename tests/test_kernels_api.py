@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers.generation.utils import _speculative_sampling
 
 from asr_app.kernels import VerifyResult, draft_probs_from_logits, verify
+from asr_app.kernels.baseline import transformers_speculative_sampling
 from asr_app.kernels.greedy import verify_greedy_triton
 
 VOCAB = 51864
@@ -30,7 +30,7 @@ def test_baseline_equals_transformers_speculative_sampling(gamma, temperature):
         target, draft, draft_tokens = baseline_case(gamma, seed)
         prompt = torch.tensor([[50257, 50362]])  # transformers takes prompt + candidates
         torch.manual_seed(seed)
-        hf_tokens, hf_n = _speculative_sampling(
+        hf_tokens, hf_n = transformers_speculative_sampling(
             torch.cat([prompt, draft_tokens], dim=1), draft * (1.0 / temperature), gamma,
             target * (1.0 / temperature))
         num_draft = torch.tensor([gamma])

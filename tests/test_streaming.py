@@ -181,12 +181,13 @@ def test_reusing_the_previous_hypothesis_changes_compute_not_text(decoder, mode)
         [(e.kind, e.text, e.start, e.end) for e in reused_events]
     assert plain.committed_text == reused.committed_text and len(plain.committed_text.split()) >= 10
     assert all(s.hint_tokens == 0 for s in plain.steps)
-    assert sum(s.hint_accepted for s in reused.steps) >= 10
     plain_calls = sum(s.target_calls for s in plain.steps)
     reused_calls = sum(s.target_calls for s in reused.steps)
     if mode == "off":  # the hint is the only proposer: most tokens come from it
+        assert sum(s.hint_accepted for s in reused.steps) >= 10
         assert reused_calls < 0.6 * plain_calls, (reused_calls, plain_calls)
     else:  # the draft proposes first; the hint only lengthens steps where the draft agrees with it
+        assert sum(s.hint_accepted for s in reused.steps) >= 5
         assert reused_calls < plain_calls, (reused_calls, plain_calls)
 
 

@@ -1,6 +1,13 @@
 """The speculative decoding loop: options, results, Whisper's logit rules, gamma policy."""
 
 from asr_app.decoding.engine import SpeculativeDecoder
-from asr_app.decoding.options import MODES, DecodingOptions, DecodingResult, DecodingStats, Segment
+from asr_app.decoding.options import (
+    MODES,
+    DecodingOptions,
+    DecodingResult,
+    DecodingStats,
+    RuntimeOptions,
+    Segment,
+)
 
-__all__ = ["MODES", "DecodingOptions", "DecodingResult", "DecodingStats", "Segment", "SpeculativeDecoder"]
+__all__ = ["MODES", "DecodingOptions", "DecodingResult", "DecodingStats", "RuntimeOptions", "Segment", "SpeculativeDecoder"]

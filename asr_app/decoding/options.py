@@ -7,6 +7,8 @@ from typing import Literal
 
 DecodingMode = Literal["off", "hf", "baseline", "exact", "sigmoid"]
 MODES: tuple[str, ...] = ("off", "hf", "baseline", "exact", "sigmoid")
+GraphSetting = Literal["auto", "off", "emulate"]
+DEFAULT_DRAFT_VOCAB = 8192
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,26 @@ class DecodingOptions:
             raise ValueError(f"task must be 'transcribe' or 'translate', got '{self.task}'")
         if self.mode == "sigmoid" and not self.beta > self.alpha:
             raise ValueError(f"sigmoid mode needs beta > alpha, got alpha={self.alpha}, beta={self.beta}")
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How the decoder runs (fixed when a SpeculativeDecoder is built), never what it outputs."""
+
+    draft_vocab: int | None = DEFAULT_DRAFT_VOCAB  # token ids the draft's output head scores; None: all
+    cuda_graphs: GraphSetting = "auto"   # auto: captured steps on a GPU, eager elsewhere; emulate: for tests
+    max_workspaces: int = 4              # batch sizes whose caches and graphs stay allocated (graphs only)
+
+    def __post_init__(self) -> None:
+        if self.cuda_graphs not in ("auto", "off", "emulate"):
+            raise ValueError(f"cuda_graphs must be auto, off or emulate, got {self.cuda_graphs!r}")
+        if self.draft_vocab is not None and self.draft_vocab < 1:
+            raise ValueError(f"draft_vocab must be a positive token count or None, got {self.draft_vocab}")
+
+    def graph_mode(self, device) -> str:
+        if self.cuda_graphs == "emulate":
+            return "emulate"
+        return "cuda" if self.cuda_graphs == "auto" and device.type == "cuda" else "eager"
 
 
 @dataclass

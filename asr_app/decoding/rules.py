@@ -4,7 +4,9 @@ The decoding loop scores several positions per step (the target checks gamma dra
 position must see the rules for *its* prefix: the history plus the drafts before it. Rules therefore
 work on logits of shape [B, L, V] together with a `RuleState` per position, and nothing here reads
 values back to the host (the timestamp state lives in small device tensors), so the loop stays free
-of syncs. The semantics follow transformers' `SuppressTokensAtBeginLogitsProcessor`,
+of syncs. Rules can also run over a reduced token space (the draft's output head scores a subset of
+the vocabulary, runtime/vocab.py): masks are built over the subset's positions, and since every special
+and timestamp token is in any subset, the timestamp tokens stay one contiguous tail. The semantics follow transformers' `SuppressTokensAtBeginLogitsProcessor`,
 `SuppressTokensLogitsProcessor` and `WhisperTimeStampLogitsProcessor`, applied in that order, so
 greedy output matches `generate()` token for token.
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from asr_app.runtime.vocab import TokenSpace
 
 NEG_INF = float("-inf")
 
@@ -58,9 +62,8 @@ class RuleState:
 class SuppressBlankAtBegin:
     """`begin_suppress_tokens` (blank, EOS) may not be the first generated token."""
 
-    def __init__(self, tokens: list[int], vocab: int, device: torch.device) -> None:
-        self.mask = torch.zeros(vocab, dtype=torch.bool, device=device)
-        self.mask[torch.tensor(tokens, dtype=torch.long)] = True
+    def __init__(self, tokens: list[int], space: TokenSpace, device: torch.device) -> None:
+        self.mask = space.mask(tokens, device)
 
     def apply_(self, out: torch.Tensor, first_generated: int) -> None:
         """In place on `out` [B, L, V] (a tensor the rules own)."""
@@ -71,17 +74,18 @@ class SuppressBlankAtBegin:
 class SuppressTokens:
     """Tokens the model may never emit (`suppress_tokens` of the generation config)."""
 
-    def __init__(self, tokens: list[int], vocab: int, device: torch.device) -> None:
-        self.mask = torch.zeros(vocab, dtype=torch.bool, device=device)
-        self.mask[torch.tensor(tokens, dtype=torch.long)] = True
+    def __init__(self, tokens: list[int], space: TokenSpace, device: torch.device) -> None:
+        self.space = space
+        self.mask = space.mask(tokens, device)
         # adding a 0/-inf row is several times faster than a broadcast masked_fill on CPU (every step runs it)
-        self.bias = torch.zeros(vocab, device=device).masked_fill(self.mask, NEG_INF)
+        self.bias = torch.zeros(space.size, device=device).masked_fill(self.mask, NEG_INF)
         self._bias_by_dtype: dict[torch.dtype, torch.Tensor] = {}
 
     def extend(self, token: int) -> None:
         """Also suppress `token` everywhere (the timestamp rules never allow <|notimestamps|>)."""
-        self.mask[token] = True
-        self.bias[token] = NEG_INF
+        index = self.space.index(token)
+        self.mask[index] = True
+        self.bias[index] = NEG_INF
         self._bias_by_dtype.clear()
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -97,24 +101,26 @@ class ApplyTimestampRules:
     their total probability beats every single text token. (<|notimestamps|> is never allowed either;
     WhisperLogitRules folds that into SuppressTokens.)"""
 
-    def __init__(self, no_timestamps: int, eos: int, max_initial: int | None, vocab: int, device) -> None:
+    def __init__(self, no_timestamps: int, eos: int, max_initial: int | None, space: TokenSpace, device) -> None:
         self.no_timestamps = no_timestamps
-        self.timestamp_begin = no_timestamps + 1
-        self.eos = eos
         self.max_initial = max_initial
-        self.ts_ids = torch.arange(self.timestamp_begin, vocab, device=device)  # the timestamp tokens
-        self.vocab = vocab
+        # positions in the scored space: the timestamp tail starts at `tb`, text ends before `eos`
+        self.tb = space.index(no_timestamps + 1)
+        self.eos = space.index(eos)
+        self.first_timestamp = no_timestamps + 1
+        self.ts_ids = torch.arange(no_timestamps + 1, space.vocab, device=device)  # the timestamp tokens' ids
+        self.vocab = space.vocab
 
     def apply_(self, out: torch.Tensor, states: RuleState) -> None:
         """In place on `out` [B, L, V] (a tensor the rules own); `states` fields [B, L] (the state before
         each position). Each mask touches only the part of the vocabulary it concerns, so the cost is
         about one pass over the logits however many positions are scored."""
-        tb = self.timestamp_begin
+        tb = self.tb
         pair_closed = states.last_is_ts & states.penult_is_ts  # two timestamps in a row: text or EOS next
         pair_open = states.last_is_ts & ~states.penult_is_ts   # one timestamp: its partner or EOS next
         # The lowest timestamp allowed: the open one itself, else one past the latest; none after a closed pair.
         floor = torch.where(states.last_ts >= 0, torch.where(pair_open, states.last_ts, states.last_ts + 1),
-                            torch.full_like(states.last_ts, tb))
+                            torch.full_like(states.last_ts, self.first_timestamp))
         floor = torch.where(pair_closed, torch.full_like(floor, self.vocab), floor)
         out[..., tb:].masked_fill_(self.ts_ids < floor[..., None], NEG_INF)
         out[..., : self.eos].masked_fill_(pair_open[..., None], NEG_INF)
@@ -134,14 +140,17 @@ class ApplyTimestampRules:
 class WhisperLogitRules:
     """All of Whisper's rules for one decoding run, applied to one or several consecutive positions."""
 
-    def __init__(self, generation_config, vocab: int, device: torch.device, timestamps: bool) -> None:
+    def __init__(self, generation_config, vocab: int, device: torch.device, timestamps: bool,
+                 space: TokenSpace | None = None) -> None:
+        """Rules for logits over `space` (default: the whole vocabulary of `vocab` ids)."""
         gc = generation_config
+        space = space or TokenSpace(vocab)
         eos = gc.eos_token_id if isinstance(gc.eos_token_id, int) else gc.eos_token_id[0]
-        self.begin = SuppressBlankAtBegin(list(gc.begin_suppress_tokens or []), vocab, device)
-        self.suppress = SuppressTokens(list(gc.suppress_tokens or []), vocab, device)
+        self.begin = SuppressBlankAtBegin(list(gc.begin_suppress_tokens or []), space, device)
+        self.suppress = SuppressTokens(list(gc.suppress_tokens or []), space, device)
         self.timestamp = (
             ApplyTimestampRules(
-                gc.no_timestamps_token_id, eos, getattr(gc, "max_initial_timestamp_index", None), vocab, device
+                gc.no_timestamps_token_id, eos, getattr(gc, "max_initial_timestamp_index", None), space, device
             )
             if timestamps
             else None

@@ -1,7 +1,8 @@
 """The one entry point of the verification step, and the draft's sampling distribution.
 
 ``verify`` checks its inputs (shapes, dtypes, devices, parameters: clear ``ValueError`` messages),
-draws the step's random numbers from the caller's generator on the logits' device, and dispatches:
+draws the step's random numbers from the caller's generator on the logits' device (or takes the ones
+the caller drew, which a CUDA graph needs: see ``randomness``), and dispatches:
 CPU (or any non-CUDA) tensors go to the PyTorch implementations, CUDA tensors to the Triton
 kernels. Nothing inside copies to the host for the Triton modes; the caller does one copy.
 """
@@ -17,7 +18,7 @@ from .exact import verify_exact_torch, verify_exact_triton
 from .greedy import verify_greedy_torch, verify_greedy_triton
 from .sigmoid import verify_sigmoid_torch, verify_sigmoid_triton
 from .triton_support import HAS_TRITON
-from .types import VERIFY_MODES, VerifyMode, VerifyResult, draw_randomness
+from .types import VERIFY_MODES, VerifyMode, VerifyRandomness, VerifyResult, draw_randomness
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -32,14 +33,22 @@ def verify(
     alpha: float = -1e3,
     beta: float = 1e3,
     generator: torch.Generator | None = None,
+    randomness: VerifyRandomness | None = None,
+    check_values: bool = True,
 ) -> VerifyResult:
     """Verify ``g`` drafted tokens per row against the target's scores.
 
     target_logits [B, g+1, V] and draft_logits [B, g, V] are processed logits (after Whisper's
     logit rules; -inf allowed), fp16/bf16/fp32; draft_tokens int [B, g]; num_draft int [B] (row b
     uses its first num_draft[b] drafts). ``temperature == 0`` or mode "greedy" verifies greedily.
+    ``randomness``: the step's uniforms [B, g+1], drawn by the caller (exact and sigmoid modes; a captured
+    step cannot draw from a generator it does not own); None draws them from ``generator``. Mode baseline
+    keeps transformers' own draws from ``generator``. ``check_values=False`` skips the checks that read
+    tensor values (token ranges), which a step captured in a CUDA graph must not do; shapes, dtypes and
+    devices are always checked. On CUDA those value checks never run (they would be a host sync).
     """
-    _check_inputs(target_logits, draft_logits, draft_tokens, num_draft, mode, temperature, alpha, beta)
+    _check_inputs(target_logits, draft_logits, draft_tokens, num_draft, mode, temperature, alpha, beta,
+                  check_values)
     if generator is not None and generator.device.type != target_logits.device.type:
         raise ValueError(f"the generator is on {generator.device} but the logits are on {target_logits.device}; "
                          "create it with torch.Generator(device=logits.device)")
@@ -51,7 +60,11 @@ def verify(
     if mode == "baseline":
         return verify_baseline(target_logits, draft_logits, draft_tokens, num_draft, temperature, generator)
     gamma = target_logits.shape[1] - 1
-    randomness = draw_randomness(target_logits.shape[0], gamma, target_logits.device, generator)
+    if randomness is None:
+        randomness = draw_randomness(target_logits.shape[0], gamma, target_logits.device, generator)
+    elif tuple(randomness.uniforms.shape) != (target_logits.shape[0], gamma + 1):
+        raise ValueError(f"randomness.uniforms must be [B, g+1] = {(target_logits.shape[0], gamma + 1)}, "
+                         f"got {tuple(randomness.uniforms.shape)}")
     if mode == "exact":
         impl = verify_exact_triton if use_triton else verify_exact_torch
         return impl(target_logits, draft_logits, draft_tokens, num_draft, randomness, temperature)
@@ -94,7 +107,8 @@ def _check_mode_and_parameters(mode: str, temperature: float, alpha: float, beta
         raise ValueError(f"sigmoid mode needs finite alpha < beta, got alpha={alpha!r}, beta={beta!r}")
 
 
-def _check_inputs(target_logits, draft_logits, draft_tokens, num_draft, mode, temperature, alpha, beta) -> None:
+def _check_inputs(target_logits, draft_logits, draft_tokens, num_draft, mode, temperature, alpha, beta,
+                  check_values: bool = True) -> None:
     _check_mode_and_parameters(mode, temperature, alpha, beta)
     for name, t in (("target_logits", target_logits), ("draft_logits", draft_logits),
                     ("draft_tokens", draft_tokens), ("num_draft", num_draft)):
@@ -122,7 +136,7 @@ def _check_inputs(target_logits, draft_logits, draft_tokens, num_draft, mode, te
     devices = {t.device for t in (target_logits, draft_logits, draft_tokens, num_draft)}
     if len(devices) != 1:
         raise ValueError(f"all inputs must be on one device, got {sorted(str(d) for d in devices)}")
-    if not target_logits.is_cuda:
+    if check_values and not target_logits.is_cuda:
         # Value checks cost a host sync on a GPU, so they run only where there is no device to wait for.
         if num_draft.numel() and (int(num_draft.min()) < 0 or int(num_draft.max()) > gamma):
             raise ValueError(f"num_draft values must lie in [0, g={gamma}], got {num_draft.tolist()}")

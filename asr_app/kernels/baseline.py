@@ -55,3 +55,15 @@ def verify_baseline(
         p_prime = torch.where(rejected[:, None] & (total > 0), normalised, p_next)
     next_token = torch.multinomial(p_prime, num_samples=1, generator=generator)[:, 0]
     return VerifyResult(tokens=assemble_tokens(draft_tokens, n_matches, next_token), num_accepted=n_matches)
+
+
+def transformers_speculative_sampling(candidate_input_ids, candidate_logits, candidate_length, new_logits):
+    """transformers' own batch-1 ``_speculative_sampling`` (the anchor of tests and benchmarks), called the
+    same way across 5.x releases: some (5.17) take a required 5th positional ``is_done_candidate``, later
+    ones an optional ``assistant_ensemble_weight``."""
+    import inspect
+
+    from transformers.generation.utils import _speculative_sampling
+
+    extra = (False,) if "is_done_candidate" in inspect.signature(_speculative_sampling).parameters else ()
+    return _speculative_sampling(candidate_input_ids, candidate_logits, candidate_length, new_logits, *extra)

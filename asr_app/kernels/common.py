@@ -47,9 +47,7 @@ def inverse_cdf_sample(weights: torch.Tensor, fallback: torch.Tensor, uniform: t
     weights are all zero (a residual max(0, p - q) that vanished numerically) uses ``fallback``.
     """
     empty = weights.sum(dim=-1, dtype=torch.float64) <= 0
-    # On CPU, skip the full-row select when no row needs it (reading the flag is free there).
-    if weights.is_cuda or bool(empty.any()):
-        weights = torch.where(empty[:, None], fallback, weights)
+    weights = torch.where(empty[:, None], fallback, weights)  # no host read of `empty`: graph-safe
     cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)
     threshold = uniform.double() * cdf[:, -1]
     index = torch.searchsorted(cdf, threshold[:, None], right=True)[:, 0]

@@ -1,0 +1,149 @@
+"""Our own Whisper decoder step over a preallocated KV cache (docs/runtime.md).
+
+One code path on every device. A step embeds `L` new tokens at absolute `positions`, writes their
+self-attention keys and values into the cache slots at those positions (`index_copy_`), and attends
+over the first `span` slots with a mask that lets position i see slots 0..i. Eagerly the caller passes
+`span = length + L`, the slots in use; a captured CUDA graph passes the whole cache, so its shapes never
+change, and the mask hides the unused slots. Rolling back rejected tokens is moving the length: the
+slots past it are overwritten by the next step. Cross-attention keys and values are computed once per
+30 s window. Nothing here reads a value back to the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from asr_app.runtime.ops import layer_norm, linear, merge_heads, split_heads, visible_keys
+from asr_app.runtime.vocab import OutputHead
+from asr_app.runtime.weights import DecoderWeights, LayerWeights, decoder_weights
+
+
+@dataclass
+class DecoderState:
+    """One decoder's per-window state for a batch: self-attention cache, cross-attention K/V, length."""
+
+    self_k: torch.Tensor    # [layers, B, H, max_positions, hd]
+    self_v: torch.Tensor
+    cross_k: torch.Tensor   # [layers, B, H, encoder frames, hd]
+    cross_v: torch.Tensor
+    length: int = 0         # cache slots holding tokens of the current hypothesis
+
+    @property
+    def batch(self) -> int:
+        return self.self_k.shape[1]
+
+    def rollback(self, length: int) -> None:
+        """Forget the slots from `length` on (rejected drafts): no copy, the next step overwrites them."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back a cache of length {self.length} to {length}")
+        self.length = length
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only the batch rows `rows` (finished rows leave the batch; eager mode only)."""
+        self.self_k, self.self_v = self.self_k[:, rows], self.self_v[:, rows]
+        self.cross_k, self.cross_v = self.cross_k[:, rows], self.cross_v[:, rows]
+
+
+class DecoderRuntime:
+    """A Whisper decoder (target or draft) run step by step by our own code, not transformers' modules."""
+
+    def __init__(self, weights: DecoderWeights, head: OutputHead | None = None) -> None:
+        self.weights = weights
+        self.head = head or OutputHead.full(weights.output)
+
+    @classmethod
+    def from_model(cls, model, head_ids: torch.Tensor | None = None) -> DecoderRuntime:
+        """The runtime of `model`'s decoder; `head_ids`: score only these token ids (a reduced head)."""
+        weights = decoder_weights(model)
+        head = None if head_ids is None else OutputHead.subset(weights.output, head_ids)
+        return cls(weights, head)
+
+    @property
+    def max_positions(self) -> int:
+        return self.weights.max_positions
+
+    # ------------------------------------------------------------------ per-window state
+    def new_state(self, encoder_hidden: torch.Tensor) -> DecoderState:
+        """Allocate the cache for `encoder_hidden` [B, frames, d] and compute the cross K/V once."""
+        w = self.weights
+        batch = encoder_hidden.shape[0]
+        layers, heads, head_dim = len(w.layers), w.heads, w.head_dim
+        shape = (layers, batch, heads, w.max_positions, head_dim)
+        state = DecoderState(
+            self_k=torch.zeros(shape, dtype=w.dtype, device=w.device),
+            self_v=torch.zeros(shape, dtype=w.dtype, device=w.device),
+            cross_k=torch.empty((layers, batch, heads, encoder_hidden.shape[1], head_dim), dtype=w.dtype,
+                                device=w.device),
+            cross_v=torch.empty((layers, batch, heads, encoder_hidden.shape[1], head_dim), dtype=w.dtype,
+                                device=w.device),
+        )
+        self.load_encoder(state, encoder_hidden)
+        return state
+
+    def load_encoder(self, state: DecoderState, encoder_hidden: torch.Tensor) -> None:
+        """Write a new window's cross-attention K/V into `state` in place and empty its cache."""
+        hidden = encoder_hidden.to(self.weights.dtype)
+        heads = self.weights.heads
+        for i, layer in enumerate(self.weights.layers):
+            state.cross_k[i].copy_(split_heads(F.linear(hidden, layer.cross_key), heads))
+            state.cross_v[i].copy_(split_heads(F.linear(hidden, *layer.cross_value), heads))
+        state.length = 0
+
+    # ------------------------------------------------------------------ the step
+    def forward(self, state: DecoderState, ids: torch.Tensor, positions: torch.Tensor, span: int,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states [B, L, d] of tokens `ids` [B, L] at `positions` [L] (device); see the module doc.
+
+        `mask` bool [L, span] (`visible_keys(positions, span)`), or None when every query sees all `span`
+        slots (one new token appended eagerly)."""
+        w = self.weights
+        x = w.embed_tokens[ids]
+        if w.embed_scale != 1.0:
+            x = x * w.embed_scale
+        x = x + w.embed_positions[positions]
+        for i, layer in enumerate(w.layers):
+            x = self._layer(x, layer, state, i, positions, span, mask)
+        return layer_norm(x, w.final_norm, w.eps)
+
+    def _layer(self, x, layer: LayerWeights, state: DecoderState, index: int, positions, span, mask):
+        w = self.weights
+        heads, width = w.heads, w.d_model
+        h = layer_norm(x, layer.self_norm, w.eps)
+        qkv = linear(h, layer.qkv_weight, layer.qkv_bias)
+        q, k, v = (split_heads(qkv[..., j * width:(j + 1) * width], heads) for j in range(3))
+        if w.query_scale != 1.0:
+            q = q * w.query_scale
+        keys, values = state.self_k[index], state.self_v[index]
+        keys.index_copy_(2, positions, k)
+        values.index_copy_(2, positions, v)
+        attn = F.scaled_dot_product_attention(q, keys[:, :, :span], values[:, :, :span], attn_mask=mask, scale=1.0)
+        x = x + linear(merge_heads(attn), *layer.self_out)
+
+        h = layer_norm(x, layer.cross_norm, w.eps)
+        q = split_heads(linear(h, *layer.cross_query), heads)
+        if w.query_scale != 1.0:
+            q = q * w.query_scale
+        attn = F.scaled_dot_product_attention(q, state.cross_k[index], state.cross_v[index], scale=1.0)
+        x = x + linear(merge_heads(attn), *layer.cross_out)
+
+        h = layer_norm(x, layer.mlp_norm, w.eps)
+        return x + linear(F.gelu(linear(h, *layer.fc1)), *layer.fc2)
+
+    def step(self, state: DecoderState, ids: torch.Tensor) -> torch.Tensor:
+        """Eager convenience: append `ids` [B, L] after the cache's `length` tokens; hidden [B, L, d]."""
+        start, count = state.length, ids.shape[1]
+        if start + count > self.max_positions:
+            raise ValueError(f"{start + count} tokens exceed the decoder's {self.max_positions} positions")
+        positions = torch.arange(start, start + count, device=ids.device)
+        span = start + count
+        mask = None if count == 1 else visible_keys(positions, span)
+        hidden = self.forward(state, ids, positions, span, mask)
+        state.length = span
+        return hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Output-layer scores [B, L, K] of hidden [B, L, d] over the head's K token ids."""
+        return self.head.logits(hidden)

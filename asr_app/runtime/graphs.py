@@ -1,0 +1,139 @@
+"""Runs the decoding loop's step functions eagerly, or captured once per shape and replayed (docs/runtime.md).
+
+A step function takes `positions` [L] (the absolute positions of its L new tokens), `span` (the cache
+slots attention reads), `mask` (which slots each new token sees, or None) and named tensors, and returns
+named tensors. Eagerly `span` is the slots in use; a captured step attends over the whole cache with a
+mask, so one graph serves every cache length, and its positions come from a one-element device tensor
+that each replay refills. Three modes:
+
+- `eager`: call the function (CPU, or `--no-cuda-graphs`).
+- `cuda`: capture it in a CUDA graph on first use of a key (after two warm-up calls on a side stream,
+  which also compile the Triton kernels), then per call copy the inputs into the graph's own tensors,
+  fill the position, replay. The outputs are the graph's tensors: valid until the next call of the key.
+- `emulate`: the same static-input, static-output discipline without a GPU, with every device-to-host
+  read made to raise while the function runs. Tests use it to prove on a CPU that a step is capture-safe
+  (a host read inside a captured region fails capture or bakes in one value) and that the loop treats
+  outputs as overwritten by the next call.
+
+Capturing is idempotent here: a warm-up call writes the same cache slots with the same values as the
+replay that follows, because the inputs are already loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Literal
+
+import torch
+
+from asr_app.runtime.ops import visible_keys
+
+GraphMode = Literal["eager", "cuda", "emulate"]
+StepFn = Callable[..., dict[str, torch.Tensor]]
+_HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+class HostReadError(RuntimeError):
+    """A device value was read on the host inside a step that must be capturable."""
+
+
+@contextlib.contextmanager
+def no_host_reads() -> Iterator[None]:
+    """Make every Tensor -> host read raise while the block runs (the capture-safety check)."""
+    saved = {name: getattr(torch.Tensor, name) for name in _HOST_READS}
+
+    def refuse(name: str):
+        def read(self, *args, **kwargs):
+            raise HostReadError(f"Tensor.{name}() inside a captured step: the value would be read on the host")
+        return read
+
+    for name in _HOST_READS:
+        setattr(torch.Tensor, name, refuse(name))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.Tensor, name, fn)
+
+
+class _Captured:
+    """One step function captured for one key: static inputs, a position scalar, static outputs."""
+
+    def __init__(self, fn: StepFn, tensors: dict[str, torch.Tensor], static: dict, length: int,
+                 max_positions: int, mode: GraphMode, pool) -> None:
+        device = next(iter(tensors.values())).device
+        self.mode = mode
+        self.inputs = {name: t.clone() for name, t in tensors.items()}
+        self.start = torch.zeros(1, dtype=torch.long, device=device)
+        self.offsets = torch.arange(length, device=device)
+        self.max_positions = max_positions
+        self.fn = fn
+        self.static = static
+        self.outputs: dict[str, torch.Tensor] | None = None
+        self.graph = None
+        self.pool = pool
+
+    def _body(self) -> dict[str, torch.Tensor]:
+        positions = self.start + self.offsets
+        return self.fn(positions=positions, span=self.max_positions,
+                       mask=visible_keys(positions, self.max_positions), **self.inputs, **self.static)
+
+    def _capture(self) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._body()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=self.pool, capture_error_mode="thread_local"):
+            self.outputs = self._body()
+
+    def run(self, tensors: dict[str, torch.Tensor], start: int) -> dict[str, torch.Tensor]:
+        for name, t in tensors.items():
+            self.inputs[name].copy_(t)
+        self.start.fill_(start)
+        if self.mode == "cuda":
+            if self.graph is None:
+                self._capture()
+            self.graph.replay()
+            return self.outputs
+        with no_host_reads():
+            out = self._body()
+        if self.outputs is None:
+            self.outputs = {name: t.clone() for name, t in out.items()}
+        else:
+            for name, t in out.items():
+                self.outputs[name].copy_(t)
+        return self.outputs
+
+
+class StepRunner:
+    """Runs step functions in one of the three modes; holds the captured steps of one workspace."""
+
+    def __init__(self, mode: GraphMode, max_positions: int) -> None:
+        self.mode = mode
+        self.max_positions = max_positions
+        self.captured: dict[tuple, _Captured] = {}
+        self.pool = torch.cuda.graph_pool_handle() if mode == "cuda" else None
+
+    def run(self, key: tuple, fn: StepFn, tensors: dict[str, torch.Tensor], start: int, length: int,
+            capturable: bool = True, **static):
+        """fn over L = `length` new tokens at positions start..start+L-1. `static`: plain arguments a
+        captured step bakes in. `key` must name everything a capture bakes in besides the tensors' values
+        (shapes, which tensors are given, mode, temperature...); `capturable=False` runs fn eagerly
+        whatever the mode (the prompt's step, and shapes not worth a graph)."""
+        if start + length > self.max_positions:
+            raise ValueError(f"{start + length} tokens exceed the decoder's {self.max_positions} positions")
+        if self.mode == "eager" or not capturable:
+            device = next(iter(tensors.values())).device
+            positions = torch.arange(start, start + length, device=device)
+            span = start + length
+            mask = None if length == 1 else visible_keys(positions, span)
+            return fn(positions=positions, span=span, mask=mask, **tensors, **static)
+        step = self.captured.get(key)
+        if step is None:
+            step = self.captured[key] = _Captured(fn, tensors, static, length, self.max_positions, self.mode,
+                                                  self.pool)
+        return step.run(tensors, start)

@@ -1,0 +1,121 @@
+"""Output heads over the whole vocabulary or a reduced one (the draft's), and the token space they score.
+
+A small draft spends most of a step in its output layer (V x d, tiny.en: 51864 x 384). A reduced head
+scores only K token ids: every special and timestamp token, plus the K - specials most frequent text
+tokens of real English (asr_app/runtime/data/README.md). The draft's q is then 0 outside the subset,
+which the verification rules handle like any other q (an unscored token is simply never proposed), so
+exact and greedy decoding stay exact. Ids are kept ascending, so the specials and timestamps, which sit
+at the top of Whisper's vocabulary, stay one contiguous tail and Whisper's rules keep their shape in the
+reduced index space (decoding/rules.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from asr_app.runtime.ops import linear
+
+log = logging.getLogger(__name__)
+
+RANKING_FILE = Path(__file__).with_name("data") / "draft_vocab_en.txt"
+ENGLISH_ONLY_VOCAB = 51864
+
+
+@dataclass(frozen=True)
+class TokenSpace:
+    """The token ids a head scores: all `vocab` ids (ids None) or the ascending subset `ids`."""
+
+    vocab: int
+    ids: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return self.vocab if self.ids is None else self.ids.numel()
+
+    @property
+    def reduced(self) -> bool:
+        return self.ids is not None
+
+    def index(self, token_id: int) -> int:
+        """Position of `token_id` in this space (it must be in it); host-side, for building the rules."""
+        if self.ids is None:
+            return token_id
+        pos = int(torch.searchsorted(self.ids.cpu(), token_id))
+        if pos >= self.size or int(self.ids[pos]) != token_id:
+            raise ValueError(f"token {token_id} is not in this reduced vocabulary")
+        return pos
+
+    def mask(self, token_ids, device: torch.device) -> torch.Tensor:
+        """bool [K]: True at the positions of `token_ids` (ids outside the space are ignored)."""
+        wanted = torch.tensor(sorted(set(token_ids)), dtype=torch.long)
+        if self.ids is None:
+            out = torch.zeros(self.vocab, dtype=torch.bool)
+            out[wanted[(wanted >= 0) & (wanted < self.vocab)]] = True
+            return out.to(device)
+        return torch.isin(self.ids.cpu(), wanted).to(device)
+
+    def to_ids(self, index: torch.Tensor) -> torch.Tensor:
+        """Vocabulary ids of positions `index` in this space."""
+        return index if self.ids is None else self.ids[index]
+
+    def to_full(self, logits: torch.Tensor) -> torch.Tensor:
+        """Scores [..., V] from scores over this space [..., K]: -inf at ids the space leaves out."""
+        if self.ids is None:
+            return logits
+        full = torch.full((*logits.shape[:-1], self.vocab), float("-inf"), dtype=logits.dtype, device=logits.device)
+        return full.index_copy_(-1, self.ids, logits)
+
+
+@dataclass(frozen=True)
+class OutputHead:
+    """The output layer restricted to a token space: weight [K, d] (the rows of the tied embedding)."""
+
+    weight: torch.Tensor
+    space: TokenSpace
+
+    @classmethod
+    def full(cls, weight: torch.Tensor) -> OutputHead:
+        return cls(weight, TokenSpace(weight.shape[0]))
+
+    @classmethod
+    def subset(cls, weight: torch.Tensor, ids: torch.Tensor) -> OutputHead:
+        ids = ids.to(device=weight.device, dtype=torch.long)
+        return cls(weight.index_select(0, ids).contiguous(), TokenSpace(weight.shape[0], ids))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return linear(hidden, self.weight)
+
+
+@functools.lru_cache(maxsize=1)
+def _ranking() -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """(check tokens, ranked text ids) from the shipped ranking file."""
+    check: tuple[str, ...] = ()
+    ids: list[int] = []
+    for line in RANKING_FILE.read_text().splitlines():
+        if line.startswith("# check:"):
+            check = tuple(line.removeprefix("# check:").split())
+        elif line and not line.startswith("#"):
+            ids.append(int(line))
+    return check, tuple(ids)
+
+
+def draft_vocabulary(tokenizer, vocab: int, eos: int, size: int) -> torch.Tensor | None:
+    """Ascending ids of a `size`-token draft vocabulary: all ids from `eos` up (specials, timestamps)
+    and the most frequent text tokens; None (use the whole vocabulary) when `size` covers it or the
+    tokenizer is not the English-only one the shipped ranking was made for."""
+    specials = vocab - eos
+    if size >= vocab:
+        return None
+    if size <= specials:
+        raise ValueError(f"a draft vocabulary of {size} tokens cannot hold the {specials} special and timestamp tokens")
+    check, ranked = _ranking()
+    if vocab != ENGLISH_ONLY_VOCAB or tuple(tokenizer.convert_ids_to_tokens(list(ranked[: len(check)]))) != check:
+        log.info("no token ranking for this tokenizer: the draft scores the whole vocabulary")
+        return None
+    text = sorted(ranked[: size - specials])
+    return torch.tensor(text + list(range(eos, vocab)), dtype=torch.long)

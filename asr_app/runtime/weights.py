@@ -1,0 +1,118 @@
+"""A Whisper decoder's weights in the layout our own decoder step reads (docs/runtime.md).
+
+Taken from a loaded transformers model (target `WhisperForConditionalGeneration`, decoder-only draft
+`WhisperForCausalLM`, or a draft with its own encoder) without copying what can be shared: the
+embedding, positions, norms and MLP are the model's own tensors; only the self-attention's Q/K/V
+projections are fused into one matrix (one matmul instead of three), with the query rows pre-multiplied
+by Whisper's attention scale, as transformers scales the query right after its projection. The scale is
+1/sqrt(head_dim) = 1/8 for every Whisper size, a power of two, so pre-scaling is bit-exact; for a head
+size whose scale is not a power of two (small test models) the step scales the query after its projection.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer: self-attention, cross-attention over the encoder output, MLP (pre-norm)."""
+
+    self_norm: tuple[torch.Tensor, torch.Tensor]
+    qkv_weight: torch.Tensor      # [3d, d]: query rows pre-scaled
+    qkv_bias: torch.Tensor        # [3d]: the key projection has no bias in Whisper (zeros)
+    self_out: tuple[torch.Tensor, torch.Tensor]
+    cross_norm: tuple[torch.Tensor, torch.Tensor]
+    cross_query: tuple[torch.Tensor, torch.Tensor]  # pre-scaled
+    cross_key: torch.Tensor       # [d, d], no bias: applied once per window to the encoder output
+    cross_value: tuple[torch.Tensor, torch.Tensor]
+    cross_out: tuple[torch.Tensor, torch.Tensor]
+    mlp_norm: tuple[torch.Tensor, torch.Tensor]
+    fc1: tuple[torch.Tensor, torch.Tensor]
+    fc2: tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DecoderWeights:
+    embed_tokens: torch.Tensor     # [V, d]; also the output layer (tied, as in every Whisper checkpoint)
+    embed_positions: torch.Tensor  # [max_positions, d]
+    embed_scale: float
+    layers: tuple[LayerWeights, ...]
+    final_norm: tuple[torch.Tensor, torch.Tensor]
+    output: torch.Tensor           # [V, d]: the output layer's weight
+    heads: int
+    eps: float
+    query_scale: float             # 1.0 when the query weights are pre-scaled (exact); else applied per step
+
+    @property
+    def d_model(self) -> int:
+        return self.embed_tokens.shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.heads
+
+    @property
+    def max_positions(self) -> int:
+        return self.embed_positions.shape[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.device
+
+
+def _pair(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    return module.weight.detach(), module.bias.detach()
+
+
+def _layer(layer, scale: float) -> LayerWeights:
+    attn, cross = layer.self_attn, layer.encoder_attn
+    q_w, k_w, v_w = (attn.q_proj.weight.detach(), attn.k_proj.weight.detach(), attn.v_proj.weight.detach())
+    zeros = torch.zeros(k_w.shape[0], dtype=q_w.dtype, device=q_w.device)
+    k_b = attn.k_proj.bias.detach() if attn.k_proj.bias is not None else zeros
+    return LayerWeights(
+        self_norm=_pair(layer.self_attn_layer_norm),
+        qkv_weight=torch.cat([q_w * scale, k_w, v_w]).contiguous(),
+        qkv_bias=torch.cat([attn.q_proj.bias.detach() * scale, k_b, attn.v_proj.bias.detach()]),
+        self_out=_pair(attn.out_proj),
+        cross_norm=_pair(layer.encoder_attn_layer_norm),
+        cross_query=(cross.q_proj.weight.detach() * scale, cross.q_proj.bias.detach() * scale),
+        cross_key=cross.k_proj.weight.detach(),
+        cross_value=_pair(cross.v_proj),
+        cross_out=_pair(cross.out_proj),
+        mlp_norm=_pair(layer.final_layer_norm),
+        fc1=_pair(layer.fc1),
+        fc2=_pair(layer.fc2),
+    )
+
+
+def decoder_weights(model) -> DecoderWeights:
+    """The decoder weights of a Whisper model (any size; target or draft)."""
+    config = model.config
+    if getattr(config, "activation_function", "gelu") != "gelu":
+        raise ValueError(f"unsupported decoder activation {config.activation_function!r} (Whisper uses gelu)")
+    decoder = model.get_decoder()
+    heads = config.decoder_attention_heads
+    scale = (config.d_model // heads) ** -0.5
+    exact = math.log2(scale).is_integer()  # multiplying by a power of two never rounds
+    with torch.no_grad():
+        layers = tuple(_layer(layer, scale if exact else 1.0) for layer in decoder.layers)
+    output = model.proj_out.weight.detach()
+    return DecoderWeights(
+        embed_tokens=decoder.embed_tokens.weight.detach(),
+        embed_positions=decoder.embed_positions.weight.detach(),
+        embed_scale=math.sqrt(config.d_model) if config.scale_embedding else 1.0,
+        layers=layers,
+        final_norm=_pair(decoder.layer_norm),
+        output=output,
+        heads=heads,
+        eps=decoder.layer_norm.eps,
+        query_scale=1.0 if exact else scale,
+    )

@@ -1,0 +1,197 @@
+"""The decoding runtime: our own decoder step against transformers' modules, cache rollback, the reduced
+draft head, and capture safety of the graph-captured steps (emulated on the CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_decoding_greedy import SPEC_MODES, load_clip
+from transformers import DynamicCache, EncoderDecoderCache
+
+from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
+from asr_app.decoding.steps import Steps
+from asr_app.runtime import (
+    DecoderRuntime,
+    HostReadError,
+    OutputHead,
+    TokenSpace,
+    draft_vocabulary,
+    no_host_reads,
+)
+from asr_app.runtime.vocab import RANKING_FILE
+
+
+def transformers_hidden(model, ids, encoder_hidden, cache=None):
+    decoder = model.get_decoder()
+    cache = cache if cache is not None else EncoderDecoderCache(DynamicCache(), DynamicCache())
+    out = decoder(input_ids=ids, encoder_hidden_states=encoder_hidden, past_key_values=cache, use_cache=True)
+    return out.last_hidden_state, out.past_key_values
+
+
+@pytest.fixture(scope="module")
+def real_encoded(tiny_en_pair):
+    from conftest import JFK_FLAC
+
+    clip = load_clip(JFK_FLAC)
+    feats = tiny_en_pair.processor.feature_extractor(clip, sampling_rate=16_000, return_tensors="pt").input_features
+    with torch.inference_mode():
+        return tiny_en_pair.target.get_encoder()(feats).last_hidden_state
+
+
+@torch.inference_mode()
+def test_decoder_step_matches_transformers_and_rolls_back(tiny_en_pair, real_encoded):
+    target = tiny_en_pair.target
+    runtime = DecoderRuntime.from_model(target)
+    prompt = torch.tensor([[50257, 50362]])
+    steps = [torch.tensor([[400, 401, 402]]), torch.tensor([[403]]), torch.tensor([[404, 405]])]
+    state = runtime.new_state(real_encoded)
+    ours = [runtime.step(state, prompt)] + [runtime.step(state, ids) for ids in steps]
+    ref, cache = transformers_hidden(target, prompt, real_encoded)
+    refs = [ref]
+    for ids in steps:
+        ref, cache = transformers_hidden(target, ids, real_encoded, cache)
+        refs.append(ref)
+    for a, b in zip(ours, refs):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4)
+    assert state.length == 2 + 3 + 1 + 2
+    # Rolling back is moving the length: feeding other tokens after it equals never having fed the rejected ones.
+    state.rollback(3)  # keep the prompt and token 400
+    after = runtime.step(state, torch.tensor([[500, 501]]))
+    fresh = runtime.new_state(real_encoded)
+    runtime.step(fresh, torch.tensor([[50257, 50362, 400]]))
+    torch.testing.assert_close(after, runtime.step(fresh, torch.tensor([[500, 501]])), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="roll back"):
+        state.rollback(state.length + 1)
+
+
+@torch.inference_mode()
+def test_static_span_with_mask_equals_eager_span(tiny_en_pair, real_encoded):
+    # A captured step attends over the whole cache with a mask; eagerly only over the slots in use.
+    from asr_app.runtime.ops import visible_keys
+
+    runtime = DecoderRuntime.from_model(tiny_en_pair.target)
+    eager, static = runtime.new_state(real_encoded), runtime.new_state(real_encoded)
+    runtime.step(eager, torch.tensor([[50257, 50362, 400]]))
+    runtime.step(static, torch.tensor([[50257, 50362, 400]]))
+    ids = torch.tensor([[401, 402]])
+    expected = runtime.step(eager, ids)
+    positions = torch.tensor([3, 4])
+    full = runtime.max_positions
+    got = runtime.forward(static, ids, positions, full, visible_keys(positions, full))
+    torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)  # other kernels, other summation order
+
+
+def test_reduced_draft_vocabulary_and_head(tiny_en_pair):
+    tokenizer = tiny_en_pair.processor.tokenizer
+    eos, vocab = 50256, 51864
+    ids = draft_vocabulary(tokenizer, vocab, eos, 8192)
+    assert ids.numel() == 8192 and bool((ids[1:] > ids[:-1]).all())
+    assert ids[-(vocab - eos):].tolist() == list(range(eos, vocab))  # every special and timestamp token
+    common = tokenizer(" the country and you", add_special_tokens=False)["input_ids"]
+    assert set(common) <= set(ids.tolist())
+    assert draft_vocabulary(tokenizer, vocab, eos, vocab) is None  # nothing to reduce
+    with pytest.raises(ValueError, match="cannot hold"):
+        draft_vocabulary(tokenizer, vocab, eos, 1000)
+    # another tokenizer than the one the ranking was made for: the whole vocabulary, not a wrong subset
+    assert draft_vocabulary(tokenizer, 51865, eos, 8192) is None
+    assert RANKING_FILE.read_text().startswith("# English-only")
+
+    weight = tiny_en_pair.target.proj_out.weight
+    head = OutputHead.subset(weight, ids)
+    hidden = torch.randn(2, 3, weight.shape[1])
+    with torch.inference_mode():
+        reduced = head.logits(hidden)
+        full = OutputHead.full(weight).logits(hidden)
+    torch.testing.assert_close(reduced, full[..., ids], atol=1e-4, rtol=1e-5)
+    widened = head.space.to_full(reduced)
+    assert widened.shape == full.shape and torch.isinf(widened[..., 1000 if 1000 not in ids else 5]).all()
+    torch.testing.assert_close(widened[..., ids], reduced)
+    space = TokenSpace(vocab, ids)
+    assert space.index(eos) == space.size - (vocab - eos)
+    with pytest.raises(ValueError, match="not in this reduced"):
+        space.index(int(torch.tensor([i for i in range(eos) if i not in set(ids.tolist())][0])))
+
+
+def test_reduced_head_keeps_greedy_output_and_speculates(tiny_en_pair):
+    from conftest import JFK_FLAC
+
+    clip = load_clip(JFK_FLAC)
+    full = SpeculativeDecoder(tiny_en_pair, runtime=RuntimeOptions(draft_vocab=None))
+    reduced = SpeculativeDecoder(tiny_en_pair, runtime=RuntimeOptions(draft_vocab=4096))
+    assert reduced.draft_runtime.head.weight.shape[0] == 4096 and reduced.draft_runtime.head.space.reduced
+    assert not full.draft_runtime.head.space.reduced
+    for timestamps in (False, True):
+        opts = DecodingOptions(mode="exact", timestamps=timestamps)
+        a, b = full.decode(clip, opts)[0], reduced.decode(clip, opts)[0]
+        assert a.tokens == b.tokens
+        assert b.stats.target_calls < len(b.tokens) / 2  # the reduced draft still speculates well
+
+
+def test_emulated_graphs_are_capture_safe_and_token_identical(tiny_en_pair):
+    # Every captured step runs with host reads made to raise, from static input and output tensors that the
+    # next call overwrites, the way a CUDA graph replays: tokens must equal the eager run's.
+    from conftest import JFK_FLAC
+
+    clip = load_clip(JFK_FLAC)
+    eager = SpeculativeDecoder(tiny_en_pair)
+    emulated = SpeculativeDecoder(tiny_en_pair, runtime=RuntimeOptions(cuda_graphs="emulate"))
+    assert emulated.graph_mode == "emulate" and eager.graph_mode == "eager"
+    for mode in ("off", *SPEC_MODES):
+        for timestamps in (False, True):
+            opts = DecodingOptions(mode=mode, timestamps=timestamps)
+            a, b = eager.decode(clip, opts)[0], emulated.decode(clip, opts)[0]
+            assert a.tokens == b.tokens, (mode, timestamps)
+    captured = [ws.runner.captured for ws in emulated._workspaces.values()]
+    assert any(key[0] == "draft" for c in captured for key in c) and any(key[0] == "target" for c in captured for key in c)
+    # the second window reuses the workspace and its captured steps (the states are refilled in place)
+    again = emulated.decode(clip, DecodingOptions(mode="exact"))[0]
+    assert again.tokens == eager.decode(clip, DecodingOptions(mode="exact"))[0].tokens
+    # sampling is capture-safe too: the step's uniforms are drawn before it runs
+    sampled = emulated.decode(clip, DecodingOptions(mode="exact", temperature=0.7, seed=1))[0]
+    assert sampled.tokens == emulated.decode(clip, DecodingOptions(mode="exact", temperature=0.7, seed=1))[0].tokens
+
+
+def test_emulation_catches_a_host_read(tiny_en_pair, monkeypatch):
+    # The negative control: a step that reads a device value on the host fails under emulation.
+    from conftest import JFK_FLAC
+
+    original = Steps.draft_step
+
+    def reads_the_token(self, **kwargs):
+        out = original(self, **kwargs)
+        int(out["token"][0])  # what a capturable step must never do
+        return out
+
+    monkeypatch.setattr(Steps, "draft_step", reads_the_token)
+    clip = load_clip(JFK_FLAC)
+    SpeculativeDecoder(tiny_en_pair).decode(clip, DecodingOptions(mode="exact"))  # eagerly it is allowed
+    with pytest.raises(HostReadError, match="__int__"):
+        SpeculativeDecoder(tiny_en_pair, runtime=RuntimeOptions(cuda_graphs="emulate")).decode(
+            clip, DecodingOptions(mode="exact"))
+    with no_host_reads(), pytest.raises(HostReadError):
+        torch.ones(1).tolist()
+    assert torch.ones(1).tolist() == [1.0]  # restored afterwards
+
+
+def test_batched_rows_finish_at_different_steps_under_emulation(tiny_en_pair):
+    # Captured graphs keep finished rows in the batch; their tokens must not leak into the others.
+    from conftest import LIBRISPEECH_DIR
+
+    clips = [load_clip(p) for p in sorted(LIBRISPEECH_DIR.rglob("*.flac"))[:3]]
+    eager = SpeculativeDecoder(tiny_en_pair)
+    emulated = SpeculativeDecoder(tiny_en_pair, runtime=RuntimeOptions(cuda_graphs="emulate"))
+    for mode in ("off", "exact"):
+        alone = [eager.decode(c, DecodingOptions(mode=mode))[0].tokens for c in clips]
+        together = [r.tokens for r in emulated.decode(clips, DecodingOptions(mode=mode))]
+        assert len({len(t) for t in alone}) > 1
+        assert together == alone, mode
+
+
+def test_runtime_options_are_checked():
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        RuntimeOptions(cuda_graphs="always")
+    with pytest.raises(ValueError, match="draft_vocab"):
+        RuntimeOptions(draft_vocab=0)
+    assert RuntimeOptions().graph_mode(torch.device("cpu")) == "eager"
+    assert RuntimeOptions().graph_mode(torch.device("cuda")) == "cuda"
+    assert RuntimeOptions(cuda_graphs="off").graph_mode(torch.device("cuda")) == "eager"
