@@ -180,8 +180,10 @@ def test_greedy_identity_real_tiny_en(real_pair, derived_pair, clips, timestamps
             res = distil.decode(clips[i], DecodingOptions(mode=mode, timestamps=timestamps))[0]
             assert res.tokens == reference, (i, mode)
             assert res.text == off.text
-            # the distilled draft really speculates: several tokens per target call
-            assert res.stats.target_calls < len(reference) / 2
+            # with transformers' gamma schedule the distilled draft speculates deep: several tokens per call
+            deep = distil.decode(clips[i], DecodingOptions(mode=mode, timestamps=timestamps,
+                                                           gamma_policy="heuristic"))[0]
+            assert deep.tokens == reference and deep.stats.target_calls < len(reference) / 2
         # the derived (undistilled) draft is mostly rejected, which exercises the correction path
         res = derived.decode(clips[i], DecodingOptions(mode="exact", timestamps=timestamps))[0]
         assert res.tokens == reference, (i, "derived")
@@ -274,7 +276,7 @@ def test_draft_dtype_changes_speed_not_tokens(real_pair, clips, draft_dtype):
     decoder = SpeculativeDecoder(pair)
     reference = SpeculativeDecoder(real_pair).decode(clips[0], DecodingOptions(mode="off", timestamps=True))[0]
     for mode in (*SPEC_MODES, "hf"):
-        res = decoder.decode(clips[0], DecodingOptions(mode=mode, timestamps=True))[0]
+        res = decoder.decode(clips[0], DecodingOptions(mode=mode, timestamps=True, gamma_policy="heuristic"))[0]
         assert res.tokens == reference.tokens, (mode, draft_dtype)
         if mode != "hf":
             assert res.stats.target_calls < len(reference.tokens) / 2

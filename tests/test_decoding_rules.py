@@ -12,7 +12,7 @@ from transformers.generation.logits_process import (
     WhisperTimeStampLogitsProcessor,
 )
 
-from asr_app.decoding.gamma import GammaPolicy
+from asr_app.decoding.gamma import AcceptanceEstimate, CostAwareGamma, GammaPolicy, StepCosts, expected_tokens
 from asr_app.decoding.rules import RuleState, WhisperLogitRules
 
 
@@ -77,3 +77,48 @@ def test_gamma_heuristic_and_fixed():
     fixed = GammaPolicy(3)
     fixed.update(3, 3)
     assert fixed.next(100) == 3 and fixed.next(0) == 0
+
+
+def test_expected_tokens_matches_simulation():
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75) and expected_tokens(1.0, 4) == 5 and expected_tokens(0.3, 0) == 1
+    gen = torch.Generator().manual_seed(0)
+    for alpha, gamma in ((0.6, 3), (0.9, 6)):
+        accept = torch.rand((20_000, gamma), generator=gen) < alpha
+        tokens = accept.int().cumprod(dim=1).sum(dim=1) + 1  # accepted prefix + the target's token
+        assert tokens.float().mean().item() == pytest.approx(expected_tokens(alpha, gamma), rel=0.02)
+
+
+def test_cost_aware_gamma_drafts_only_where_it_pays():
+    cheap = StepCosts(draft=0.1, target=1.0, per_token=0.02)  # a GPU-like ratio: speculate deep
+    assert CostAwareGamma(cheap, AcceptanceEstimate(prior=0.9)).best(100) >= 6
+    assert CostAwareGamma(cheap, AcceptanceEstimate(prior=0.9)).best(2) == 2  # the length budget caps it
+    cpu = StepCosts(draft=0.28, target=1.0, per_token=0.16)  # roughly this CPU's tiny.en pair: shallow
+    assert 1 <= CostAwareGamma(cpu, AcceptanceEstimate(prior=0.8)).best(100) <= 3
+    dear = StepCosts(draft=0.9, target=1.0, per_token=0.5)  # a draft as slow as the target: never pays
+    policy = CostAwareGamma(dear, AcceptanceEstimate(prior=0.8))
+    choices = [policy.next(100) for _ in range(CostAwareGamma.PROBE_EVERY)]
+    assert choices[:-1] == [0] * (CostAwareGamma.PROBE_EVERY - 1) and choices[-1] == 1  # target-only, then a probe
+    # acceptance is learned: a draft that keeps being rejected loses its steps
+    learning = CostAwareGamma(cpu, AcceptanceEstimate(prior=0.8))
+    before = learning.best(100)
+    for _ in range(40):
+        learning.update(before, 0)
+    assert learning.acceptance.value < 0.3 and learning.best(100) == 0
+    learning.update(0, 0)  # a target-only step teaches nothing
+    assert learning.acceptance.value < 0.3
+
+
+def test_decoder_measures_costs_and_picks_the_policy(tiny_en_pair):
+    from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+
+    decoder = SpeculativeDecoder(tiny_en_pair)
+    costs = decoder.step_costs
+    assert 0 < costs.draft < costs.target and costs.per_token >= 0
+    assert decoder.step_costs is costs  # measured once
+    assert isinstance(decoder._gamma_policy(DecodingOptions(mode="exact"), True), CostAwareGamma)
+    # a seeded sampled decode must not depend on timings: it keeps transformers' schedule
+    assert isinstance(decoder._gamma_policy(DecodingOptions(mode="exact", temperature=0.5), True), GammaPolicy)
+    assert isinstance(decoder._gamma_policy(DecodingOptions(mode="exact", gamma_policy="heuristic"), True),
+                      GammaPolicy)
+    with pytest.raises(ValueError, match="gamma_policy"):
+        DecodingOptions(gamma_policy="fastest")

@@ -8,6 +8,7 @@ import pytest
 from conftest import TINY_EN_DIR
 
 from asr_app.cli.common import add_model_args, decoder_from_args, parse_gamma
+from asr_app.decoding import RuntimeOptions
 from asr_app.models import ModelLoadError
 
 
@@ -18,8 +19,8 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_arguments_and_defaults():
     args = parse()
     assert (args.pair, args.target, args.draft, args.mode, args.temperature, args.gamma) == (
-        None, None, "auto", "exact", 0.0, None)
-    assert parse("--gamma", "3").gamma == 3 and parse("--gamma", "heuristic").gamma is None
+        None, None, "auto", "exact", 0.0, "auto")
+    assert parse("--gamma", "3").gamma == 3 and parse("--gamma", "heuristic").gamma == "heuristic"
     with pytest.raises(argparse.ArgumentTypeError):
         parse_gamma("0")
     with pytest.raises(SystemExit):
@@ -31,6 +32,13 @@ def test_decoder_from_args_builds_the_pair_and_options():
                                       "--gamma", "4", "--alpha", "-10", "--beta", "10", "--seed", "7"))
     o = decoder.options
     assert (o.mode, o.gamma, o.alpha, o.beta, o.seed) == ("sigmoid", 4, -10.0, 10.0, 7)
+    auto = decoder_from_args(parse("--target", str(TINY_EN_DIR), "--draft", "derived", "--draft-vocab", "0",
+                                   "--no-cuda-graphs"))
+    assert (auto.options.gamma, auto.options.gamma_policy) == (None, "cost")
+    assert auto.runtime == RuntimeOptions(draft_vocab=None, cuda_graphs="off")
+    heuristic = decoder_from_args(parse("--target", str(TINY_EN_DIR), "--draft", "derived", "--gamma", "heuristic"))
+    assert (heuristic.options.gamma, heuristic.options.gamma_policy) == (None, "heuristic")
+    assert heuristic.runtime == RuntimeOptions()
     assert decoder.pair.draft is not None and decoder.pair.shared_encoder
     # no draft: speculative modes fall back to target-only decoding
     assert decoder_from_args(parse("--target", str(TINY_EN_DIR), "--draft", "none")).options.mode == "off"

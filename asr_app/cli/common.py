@@ -8,20 +8,23 @@ import sys
 
 import torch
 
-from asr_app.decoding import MODES, DecodingOptions, SpeculativeDecoder
+from asr_app.decoding import MODES, DecodingOptions, RuntimeOptions, SpeculativeDecoder
+from asr_app.decoding.options import DEFAULT_DRAFT_VOCAB
 from asr_app.models import PRESETS, load_pair
 
 log = logging.getLogger(__name__)
 
 
-def parse_gamma(value: str) -> int | None:
-    """`heuristic` (transformers' schedule: start 5, +2 / -1) or a fixed number of drafts per step."""
+def parse_gamma(value: str) -> int | str:
+    """`auto` (the cost-aware policy), `heuristic` (transformers' schedule: start 5, +2 / -1) or a fixed
+    number of drafts per step."""
     if value.lower() in ("heuristic", "auto"):
-        return None
+        return value.lower()
     try:
         gamma = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--gamma must be 'heuristic' or an integer >= 1, got '{value}'") from None
+        raise argparse.ArgumentTypeError(
+            f"--gamma must be 'auto', 'heuristic' or an integer >= 1, got '{value}'") from None
     if gamma < 1:
         raise argparse.ArgumentTypeError(f"--gamma must be >= 1, got {gamma}")
     return gamma
@@ -45,8 +48,15 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="off: target only; hf: transformers' assisted generation; baseline/exact/sigmoid: our "
                             "loop with the PyTorch reference / exact / sigmoid verification (default: exact)")
     group.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    group.add_argument("--gamma", type=parse_gamma, default=None,
-                       help="drafts per step: 'heuristic' (default) or a fixed integer")
+    group.add_argument("--gamma", type=parse_gamma, default="auto",
+                       help="drafts per step: 'auto' (default: the most tokens per second for the measured step "
+                            "costs and acceptance, greedy decoding; sampling uses the heuristic), 'heuristic' "
+                            "(transformers' schedule) or a fixed integer")
+    group.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB,
+                       help=f"token ids the draft's output layer scores (default {DEFAULT_DRAFT_VOCAB}; 0 = all). "
+                            "Changes speed and acceptance, never the output")
+    group.add_argument("--no-cuda-graphs", action="store_true",
+                       help="on a GPU, launch every decoding step eagerly instead of replaying CUDA graphs")
     group.add_argument("--alpha", type=float, default=-1e3, help="sigmoid mode: lower logit bound (default -1e3)")
     group.add_argument("--beta", type=float, default=1e3, help="sigmoid mode: upper logit bound (default 1e3)")
     group.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
@@ -57,8 +67,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def options_from_args(args: argparse.Namespace, **overrides) -> DecodingOptions:
-    fields = dict(mode=args.mode, temperature=args.temperature, gamma=args.gamma, alpha=args.alpha,
-                  beta=args.beta, seed=args.seed)
+    gamma = args.gamma
+    policy = "heuristic" if gamma == "heuristic" else "cost"
+    fields = dict(mode=args.mode, temperature=args.temperature, gamma=gamma if isinstance(gamma, int) else None,
+                  gamma_policy=policy, alpha=args.alpha, beta=args.beta, seed=args.seed)
     fields.update(overrides)
     return DecodingOptions(**fields)  # ValueError with a readable message on bad values
 
@@ -80,7 +92,9 @@ def decoder_from_args(args: argparse.Namespace) -> SpeculativeDecoder:
     if pair.draft is None and options.mode != "off":
         log.warning("no draft model for '%s': decoding with the target only (mode off)", pair.target_name)
         options = options_from_args(args, mode="off")
-    return SpeculativeDecoder(pair, options)
+    runtime = RuntimeOptions(draft_vocab=getattr(args, "draft_vocab", DEFAULT_DRAFT_VOCAB) or None,
+                             cuda_graphs="off" if getattr(args, "no_cuda_graphs", False) else "auto")
+    return SpeculativeDecoder(pair, options, runtime)
 
 
 def load_decoder_or_report(args: argparse.Namespace, prog: str) -> SpeculativeDecoder | None:

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from asr_app.decoding.costs import measure_step_costs
+from asr_app.decoding.gamma import AcceptanceEstimate, CostAwareGamma, GammaPolicy, StepCosts
 from asr_app.decoding.hf_mode import decode_hf
 from asr_app.decoding.hints import HintTracker
 from asr_app.decoding.loop import SPECULATIVE_MODES, BatchState, SpeculativeLoop
@@ -55,6 +57,7 @@ class SpeculativeDecoder:
             self.draft_runtime = DecoderRuntime.from_model(self.draft, head_ids)
         self._rules: dict[tuple, WhisperLogitRules] = {}
         self._workspaces: dict[tuple[int, bool], Workspace] = {}
+        self._step_costs: StepCosts | None = None
 
     # ------------------------------------------------------------------ public API
     def decode(self, audio: np.ndarray | list[np.ndarray], options: DecodingOptions | None = None,
@@ -162,6 +165,21 @@ class SpeculativeDecoder:
         )
 
     # ------------------------------------------------------------------ one lock-step batch
+    @property
+    def step_costs(self) -> StepCosts:
+        """What a draft step and a target step cost here (measured on first use; decoding/costs.py)."""
+        if self._step_costs is None:
+            self._step_costs = measure_step_costs(self)
+        return self._step_costs
+
+    def _gamma_policy(self, opts: DecodingOptions, speculative: bool):
+        """Cost-aware for greedy decoding. A sampled decode must be reproducible from its seed, and which
+        random numbers it draws depends on the gammas chosen, so sampling uses the heuristic, whose choices
+        depend only on the decode itself (not on timings or earlier decodes)."""
+        if not speculative or opts.gamma is not None or opts.gamma_policy == "heuristic" or opts.temperature > 0:
+            return GammaPolicy(opts.gamma)
+        return CostAwareGamma(self.step_costs, AcceptanceEstimate())  # learned afresh per decode: repeatable
+
     def _rules_for(self, timestamps: bool, draft: bool) -> WhisperLogitRules:
         """Rules per (timestamps, head): built once, so captured steps keep reading the same tensors."""
         key = (timestamps, draft)
@@ -218,6 +236,7 @@ class SpeculativeDecoder:
         if max_len < 1:
             raise ValueError(f"prompt of {prompt_len} tokens leaves no room in {self.max_positions} positions")
 
+        policy = self._gamma_policy(opts, speculative)  # first: measuring costs reuses the batch-1 workspace
         t_begin = time.perf_counter()
         encoder_hidden, draft_hidden = self._encode(feats, speculative)
         workspace = self._workspace(encoder_hidden, draft_hidden)
@@ -225,7 +244,8 @@ class SpeculativeDecoder:
         steps = Steps(self.target_runtime, self.draft_runtime if speculative else None, workspace,
                       self._rules_for(opts.timestamps, False),
                       self._rules_for(opts.timestamps, True) if speculative else None, opts, generator)
-        loop = SpeculativeLoop(steps, opts, self.eos, max_len, prompts[0].sot_index, self.no_speech_id, generator)
+        loop = SpeculativeLoop(steps, opts, self.eos, max_len, prompts[0].sot_index, self.no_speech_id, generator,
+                               policy)
         shared = self.pair.shared_encoder if speculative else False
         state = BatchState(
             rows=list(range(batch)), done=[False] * batch,

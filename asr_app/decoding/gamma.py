@@ -1,6 +1,21 @@
-"""How many tokens the draft proposes per step."""
+"""How many tokens the draft proposes per step.
+
+Three policies with one interface (`next(budget)` before a step, `update(drafted, accepted)` after it):
+
+- fixed: always the same gamma;
+- heuristic: transformers' assisted-generation schedule (start at 5, +2 when every draft was accepted,
+  else -1, at least 1);
+- cost: the gamma that maximises expected tokens per second (docs/runtime.md). With a per-draft
+  acceptance probability a, a step that drafts g tokens yields (1 - a^(g+1)) / (1 - a) tokens on average
+  (Leviathan et al. 2023) and costs g draft steps plus one target step over g+1 tokens. The step costs are
+  measured once per decoder (costs.py); a is learned from the accepted prefix lengths within the decode,
+  starting from a prior (so a decode's choices do not depend on earlier decodes). Where drafting does not pay (a slow draft, or poor acceptance) it chooses
+  gamma 0 and decodes target-only, with a probe step now and then in case acceptance has come back.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 
 class GammaPolicy:
@@ -20,3 +35,68 @@ class GammaPolicy:
         if self.fixed is not None or gamma == 0:
             return
         self.current = self.current + 2 if accepted == gamma else max(1, self.current - 1)
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Seconds per step: one draft step, and a target step over k tokens = target + (k - 1) * per_token."""
+
+    draft: float
+    target: float
+    per_token: float
+
+    def step(self, gamma: int) -> float:
+        return gamma * self.draft + self.target + gamma * self.per_token
+
+
+class AcceptanceEstimate:
+    """The probability that the draft's next token is accepted, from accepted prefix lengths: a step that
+    drafted g and accepted n < g saw n successes and one failure (n = g: g successes). Old steps fade."""
+
+    def __init__(self, prior: float = 0.8, weight: float = 10.0, decay: float = 0.98) -> None:
+        self.successes, self.failures = prior * weight, (1 - prior) * weight
+        self.decay = decay
+
+    @property
+    def value(self) -> float:
+        return self.successes / (self.successes + self.failures)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.successes = self.successes * self.decay + accepted
+        self.failures = self.failures * self.decay + (1 if accepted < drafted else 0)
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Tokens a step yields on average: the accepted prefix plus the target's own token."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+class CostAwareGamma:
+    """The gamma with the most expected tokens per second of step cost (see the module docstring)."""
+
+    MAX_GAMMA = 12
+    PROBE_EVERY = 16  # after this many target-only steps, draft one token to re-measure acceptance
+
+    def __init__(self, costs: StepCosts, acceptance: AcceptanceEstimate) -> None:
+        self.costs, self.acceptance = costs, acceptance
+        self.idle = 0
+
+    def best(self, cap: int) -> int:
+        alpha = self.acceptance.value
+        rates = [expected_tokens(alpha, g) / self.costs.step(g) for g in range(min(self.MAX_GAMMA, cap) + 1)]
+        return max(range(len(rates)), key=rates.__getitem__)
+
+    def next(self, cap: int) -> int:
+        gamma = self.best(max(0, cap))
+        if gamma == 0 and cap > 0:
+            self.idle += 1
+            if self.idle >= self.PROBE_EVERY:
+                self.idle = 0
+                return 1
+        return gamma
+
+    def update(self, gamma: int, accepted: int) -> None:
+        if gamma > 0:
+            self.acceptance.update(gamma, accepted)

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 
 import torch
 
-from asr_app.decoding.gamma import GammaPolicy
 from asr_app.decoding.hints import HintTracker
 from asr_app.decoding.options import DecodingOptions, DecodingStats
 from asr_app.decoding.rules import RuleState
@@ -100,13 +99,14 @@ class SpeculativeLoop:
     """Runs the loop for one batch; `steps` holds the device-side step functions and their workspace."""
 
     def __init__(self, steps: Steps, options: DecodingOptions, eos: int, max_len: int,
-                 sot_index: int, no_speech_id: int, generator: torch.Generator | None) -> None:
+                 sot_index: int, no_speech_id: int, generator: torch.Generator | None, policy) -> None:
+        """`policy`: the gamma policy (decoding/gamma.py: next(budget), update(drafted, accepted))."""
         self.steps, self.opts, self.eos, self.max_len = steps, options, eos, max_len
         self.sot_index, self.no_speech_id = sot_index, no_speech_id
         self.generator = generator
         self.runner = steps.ws.runner
         self.speculative = options.mode in SPECULATIVE_MODES
-        self.policy = GammaPolicy(options.gamma)
+        self.policy = policy
         self.device = steps.ws.target.self_k.device
         self.eager = self.runner.mode == "eager"
         # Drafts after an EOS are never kept, so eagerly on a CPU drafting stops once every row drafted EOS
@@ -223,9 +223,8 @@ class SpeculativeLoop:
         """The prompt's step (eager): also P(<|nospeech|>) at <|startoftranscript|>."""
         ws, steps = self.steps.ws, self.steps
         hidden = steps.target.step(ws.target, ids)
-        sot_logits = steps.target.logits(hidden[:, self.sot_index : self.sot_index + 1])[:, 0]
+        logits, sot_logits = steps.score_hidden(hidden, ids, p.gamma, b.rules, self.sot_index)
         b.no_speech = torch.softmax(sot_logits.float(), dim=-1)[:, self.no_speech_id]
-        logits = steps.score_hidden(hidden, ids, p.gamma, b.rules)
         self.timings.target_s += self.timings.lap()
         return self._check(logits, ids[:, ids.shape[1] - p.gamma:], check_inputs, mode, p.gamma)
 

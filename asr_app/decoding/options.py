@@ -8,6 +8,7 @@ from typing import Literal
 DecodingMode = Literal["off", "hf", "baseline", "exact", "sigmoid"]
 MODES: tuple[str, ...] = ("off", "hf", "baseline", "exact", "sigmoid")
 GraphSetting = Literal["auto", "off", "emulate"]
+GammaSetting = Literal["cost", "heuristic"]
 DEFAULT_DRAFT_VOCAB = 8192
 
 
@@ -15,7 +16,8 @@ DEFAULT_DRAFT_VOCAB = 8192
 class DecodingOptions:
     mode: DecodingMode = "exact"
     temperature: float = 0.0  # 0 = greedy for every mode
-    gamma: int | None = None  # None = transformers' heuristic (start 5, +2 / -1, min 1)
+    gamma: int | None = None  # drafts per step; None = chosen per step by `gamma_policy`
+    gamma_policy: GammaSetting = "cost"  # cost: most tokens per second at T = 0 (decoding/gamma.py); heuristic: transformers'
     alpha: float = -1e3
     beta: float = 1e3
     seed: int = 0
@@ -31,7 +33,9 @@ class DecodingOptions:
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.gamma is not None and self.gamma < 1:
-            raise ValueError(f"gamma must be >= 1 (or None for the heuristic), got {self.gamma}")
+            raise ValueError(f"gamma must be >= 1 (or None to let gamma_policy choose), got {self.gamma}")
+        if self.gamma_policy not in ("cost", "heuristic"):
+            raise ValueError(f"gamma_policy must be 'cost' or 'heuristic', got {self.gamma_policy!r}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.task not in ("transcribe", "translate"):

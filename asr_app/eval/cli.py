@@ -155,7 +155,7 @@ def run_metadata(args: argparse.Namespace, decoder, utterances, has_spelling: bo
         "draft_dtype": str(pair.draft_dtype).replace("torch.", "") if pair.draft_dtype else None,
         "temperature": options.temperature,
         "seed": options.seed,
-        "gamma": options.gamma if options.gamma is not None else "heuristic",
+        "gamma": options.gamma if options.gamma is not None else options.gamma_policy,
         "max_new_tokens": args.max_new_tokens or options.max_new_tokens,
         "alpha": options.alpha,
         "beta": options.beta,

@@ -92,16 +92,17 @@ class OutputHead:
 
 
 @functools.lru_cache(maxsize=1)
-def _ranking() -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """(check tokens, ranked text ids) from the shipped ranking file."""
-    check: tuple[str, ...] = ()
+def _ranking() -> tuple[int, tuple[str, ...], tuple[int, ...]]:
+    """(where the check tokens start, check tokens, ranked text ids) from the shipped ranking file."""
+    start, check = 0, ()
     ids: list[int] = []
     for line in RANKING_FILE.read_text().splitlines():
-        if line.startswith("# check:"):
-            check = tuple(line.removeprefix("# check:").split())
+        if line.startswith("# check "):
+            where, _, tokens = line.removeprefix("# check ").partition(":")
+            start, check = int(where), tuple(tokens.split())
         elif line and not line.startswith("#"):
             ids.append(int(line))
-    return check, tuple(ids)
+    return start, check, tuple(ids)
 
 
 def draft_vocabulary(tokenizer, vocab: int, eos: int, size: int) -> torch.Tensor | None:
@@ -113,8 +114,9 @@ def draft_vocabulary(tokenizer, vocab: int, eos: int, size: int) -> torch.Tensor
         return None
     if size <= specials:
         raise ValueError(f"a draft vocabulary of {size} tokens cannot hold the {specials} special and timestamp tokens")
-    check, ranked = _ranking()
-    if vocab != ENGLISH_ONLY_VOCAB or tuple(tokenizer.convert_ids_to_tokens(list(ranked[: len(check)]))) != check:
+    start, check, ranked = _ranking()
+    sample = tuple(tokenizer.convert_ids_to_tokens(list(ranked[start : start + len(check)])))
+    if vocab != ENGLISH_ONLY_VOCAB or sample != check:
         log.info("no token ranking for this tokenizer: the draft scores the whole vocabulary")
         return None
     text = sorted(ranked[: size - specials])
