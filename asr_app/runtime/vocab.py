@@ -109,15 +109,21 @@ def draft_vocabulary(tokenizer, vocab: int, eos: int, size: int) -> torch.Tensor
     """Ascending ids of a `size`-token draft vocabulary: all ids from `eos` up (specials, timestamps)
     and the most frequent text tokens; None (use the whole vocabulary) when `size` covers it or the
     tokenizer is not the English-only one the shipped ranking was made for."""
-    specials = vocab - eos
     if size >= vocab:
         return None
-    if size <= specials:
-        raise ValueError(f"a draft vocabulary of {size} tokens cannot hold the {specials} special and timestamp tokens")
     start, check, ranked = _ranking()
     sample = tuple(tokenizer.convert_ids_to_tokens(list(ranked[start : start + len(check)])))
     if vocab != ENGLISH_ONLY_VOCAB or sample != check:
         log.info("no token ranking for this tokenizer: the draft scores the whole vocabulary")
         return None
-    text = sorted(ranked[: size - specials])
+    return ranked_subset(vocab, eos, size)
+
+
+def ranked_subset(vocab: int, eos: int, size: int) -> torch.Tensor:
+    """The `size` ids of the shipped ranking (specials and timestamps included), without checking which
+    tokenizer they are meant for (benchmarks of random-weight models use it for the shape alone)."""
+    specials = vocab - eos
+    if size <= specials:
+        raise ValueError(f"a draft vocabulary of {size} tokens cannot hold the {specials} special and timestamp tokens")
+    text = sorted(_ranking()[2][: size - specials])
     return torch.tensor(text + list(range(eos, vocab)), dtype=torch.long)

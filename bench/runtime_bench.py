@@ -1,0 +1,256 @@
+"""The decoding runtime on a model of a real Whisper shape with random weights: no checkpoint needed.
+
+Builds a target of the chosen shape (large-v2: d_model 1280, 32 + 32 layers, 20 heads, FFN 5120; or
+tiny) with random weights and the English-only vocabulary and special tokens, and a decoder-only draft
+made of its decoder layers 0 and last (sharing its encoder), with the draft head reduced to
+`--draft-vocab` ids. A random target never emits end-of-text, so every decode runs `--tokens` steps: a
+steady throughput test. Reported, batch 1, greedy:
+
+- ms/token of the decoding loop (encoder excluded): transformers `generate` (eager), our `off` eager and
+  with CUDA graphs, our `exact` with CUDA graphs (its acceptance is whatever the random draft gets);
+- per-step costs: the target step over k = 1 .. g+1 tokens (verification included) and the draft step,
+  with and without graphs; the verification step alone inside a graph (bench/verify_bench.py's capture);
+- the speedup of `exact` over graph-captured `off` projected at the real tiny.en pair's measured
+  tokens per target call (3.96 with the distilled draft): target(1) / ((g * draft + target(g+1)) / 3.96).
+
+    python bench/runtime_bench.py --shape large-v2 --device cuda          # on a lent GPU
+    python bench/runtime_bench.py --shape tiny --device cpu --graphs emulate --tokens 32   # code path check
+
+Results go to bench/results/runtime_bench_<shape>_<device>.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from transformers import (
+    GenerationConfig,
+    WhisperConfig,
+    WhisperFeatureExtractor,
+    WhisperForConditionalGeneration,
+)
+
+from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
+from asr_app.decoding.costs import StepTimer
+from asr_app.models import ModelPair, derive_draft
+from asr_app.runtime import DecoderRuntime
+from asr_app.runtime.vocab import ranked_subset
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SHAPES = {
+    "tiny": dict(d_model=384, layers=4, heads=6, ffn=1536),
+    "base": dict(d_model=512, layers=6, heads=8, ffn=2048),
+    "large-v2": dict(d_model=1280, layers=32, heads=20, ffn=5120),
+}
+# The English-only vocabulary's special tokens and tiny.en's suppressed tokens (OpenAI's checkpoints).
+EOS, SOT, PREV, NO_TIMESTAMPS, VOCAB = 50256, 50257, 50360, 50362, 51864
+SUPPRESS = [1, 2, 7, 8, 9, 10, 14, 25, 26, 27, 28, 29, 31, 58, 59, 60, 61, 62, 63, 90, 91, 92, 93, 357, 366, 438,
+            532, 685, 705, 796, 930, 1058, 1220, 1267, 1279, 1303, 1343, 1377, 1391, 1635, 1782, 1875, 2162, 2361,
+            2488, 3467, 4008, 4211, 4600, 4808, 5299, 5855, 6329, 7203, 9609, 9959, 10563, 10786, 11420, 11709,
+            11907, 13163, 13697, 13700, 14808, 15306, 16410, 16791, 17992, 19203, 19510, 20724, 22305, 22935,
+            27007, 30109, 30420, 33409, 34949, 40283, 40493, 40549, 47282, 49146, 50257, 50357, 50358, 50359,
+            50360, 50361]
+PROJECTED_TOKENS_PER_CALL = 3.96  # the real tiny.en + distilled draft, bench/decode_bench.py
+
+
+class _NoText:
+    """Stands in for the tokenizer: a random model's tokens have no text worth decoding."""
+
+    def decode(self, ids, **_kwargs) -> str:
+        return ""
+
+    def convert_ids_to_tokens(self, ids):
+        return []
+
+
+def random_pair(shape: str, device: torch.device, dtype: torch.dtype) -> ModelPair:
+    s = SHAPES[shape]
+    config = WhisperConfig(
+        vocab_size=VOCAB, d_model=s["d_model"], encoder_layers=s["layers"], decoder_layers=s["layers"],
+        encoder_attention_heads=s["heads"], decoder_attention_heads=s["heads"], encoder_ffn_dim=s["ffn"],
+        decoder_ffn_dim=s["ffn"], num_mel_bins=80, max_source_positions=1500, max_target_positions=448,
+        decoder_start_token_id=SOT, bos_token_id=EOS, eos_token_id=EOS, pad_token_id=EOS,
+        suppress_tokens=SUPPRESS, begin_suppress_tokens=[220, EOS])
+    with torch.device(device):
+        target = WhisperForConditionalGeneration(config).to(dtype).eval()
+    target.generation_config = GenerationConfig(
+        decoder_start_token_id=SOT, eos_token_id=EOS, pad_token_id=EOS, bos_token_id=EOS,
+        no_timestamps_token_id=NO_TIMESTAMPS, prev_sot_token_id=PREV, suppress_tokens=SUPPRESS,
+        begin_suppress_tokens=[220, EOS], max_initial_timestamp_index=50, is_multilingual=False)
+    draft = derive_draft(target, layers=(0, s["layers"] - 1))
+    processor = SimpleNamespace(tokenizer=_NoText(), feature_extractor=WhisperFeatureExtractor(feature_size=80))
+    return ModelPair(target, draft, processor, device, dtype, True, f"random {shape}", "layers 0 and last")
+
+
+def decoder_for(pair: ModelPair, graphs: str, draft_vocab: int) -> SpeculativeDecoder:
+    decoder = SpeculativeDecoder(pair, runtime=RuntimeOptions(draft_vocab=None, cuda_graphs=graphs))
+    if draft_vocab < VOCAB:  # the random pair's tokenizer stand-in cannot be checked against the ranking
+        decoder.draft_runtime = DecoderRuntime.from_model(pair.draft, ranked_subset(VOCAB, EOS, draft_vocab))
+    return decoder
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def loop_ms_per_token(decoder: SpeculativeDecoder, features, options: DecodingOptions, repeats: int) -> dict:
+    decoder.decode_features(features, options)  # warm-up: captures graphs, measures costs
+    times, stats = [], None
+    for _ in range(repeats):
+        result = decoder.decode_features(features, options)[0]
+        stats = result.stats
+        times.append((stats.total_s - stats.encoder_s) / stats.tokens_out)
+    return {"ms_per_token": 1e3 * statistics.median(times), "tokens": stats.tokens_out,
+            "tokens_per_target_call": stats.tokens_out / stats.target_calls,
+            "acceptance": stats.acceptance_rate if stats.drafted else None}
+
+
+def transformers_ms_per_token(pair: ModelPair, features, tokens: int, repeats: int) -> float:
+    """generate() eager, encoder run once outside the timing (as our figures exclude it)."""
+    model = pair.target
+    with torch.inference_mode():
+        encoded = model.get_encoder()(features)
+        kwargs = dict(encoder_outputs=encoded, decoder_input_ids=torch.tensor([[SOT, NO_TIMESTAMPS]], device=pair.device),
+                      max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, num_beams=1)
+        model.generate(**kwargs)
+        times = []
+        for _ in range(repeats):
+            sync(pair.device)
+            t0 = time.perf_counter()
+            model.generate(**kwargs)
+            sync(pair.device)
+            times.append((time.perf_counter() - t0) / tokens)
+    return 1e3 * statistics.median(times)
+
+
+def step_table(decoder: SpeculativeDecoder, gamma: int, repeats: int) -> dict:
+    timer = StepTimer(decoder, repeats)
+    return {"target_ms": {k: 1e3 * timer.target(k) for k in range(1, gamma + 2)}, "draft_ms": 1e3 * timer.draft()}
+
+
+def verify_in_graph_us(device: torch.device, dtype: torch.dtype) -> float | None:
+    if device.type != "cuda":
+        return None
+    import triton.testing
+    from verify_bench import graphed_fn, make_inputs
+
+    inputs = make_inputs(1, 5, VOCAB, dtype, device)
+    replay = graphed_fn("exact", *inputs, torch.Generator(device=device).manual_seed(0))
+    return 1e3 * triton.testing.do_bench(replay, warmup=25, rep=100, return_mode="median")
+
+
+def run(args) -> dict:
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    pair = random_pair(args.shape, device, dtype)
+    build_s = time.perf_counter() - t0
+    features = torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    greedy = DecodingOptions(mode="off", max_new_tokens=args.tokens)
+    graphed = decoder_for(pair, args.graphs, args.draft_vocab)
+    eager = decoder_for(pair, "off", args.draft_vocab)
+    loops = {
+        "transformers generate (eager)": {"ms_per_token": transformers_ms_per_token(pair, features, args.tokens,
+                                                                                   args.repeats)},
+        "ours off (eager)": loop_ms_per_token(eager, features, greedy, args.repeats),
+        f"ours off ({args.graphs} graphs)": loop_ms_per_token(graphed, features, greedy, args.repeats),
+        f"ours exact ({args.graphs} graphs)": loop_ms_per_token(
+            graphed, features, DecodingOptions(mode="exact", max_new_tokens=args.tokens, gamma=args.gamma),
+            args.repeats),
+    }
+    steps = {"graphs": step_table(graphed, args.gamma, args.repeats), "eager": step_table(eager, args.gamma, args.repeats)}
+    s = steps["graphs"]
+    per_call = args.gamma * s["draft_ms"] + s["target_ms"][args.gamma + 1]
+    return {
+        "config": {"shape": args.shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+                   else platform.processor() or "cpu", "dtype": args.dtype, "graphs": args.graphs,
+                   "gamma": args.gamma, "draft_vocab": args.draft_vocab, "tokens": args.tokens,
+                   "repeats": args.repeats, "torch": torch.__version__, "build_s": round(build_s, 1),
+                   "target_params_M": round(sum(p.numel() for p in pair.target.parameters()) / 1e6, 1)},
+        "loops": loops, "steps": steps,
+        "verify_in_graph_us": verify_in_graph_us(device, dtype),
+        "projection": {"tokens_per_call": PROJECTED_TOKENS_PER_CALL, "ms_per_token": per_call / PROJECTED_TOKENS_PER_CALL,
+                       "speedup_vs_off": s["target_ms"][1] / (per_call / PROJECTED_TOKENS_PER_CALL),
+                       "target_wide_over_one": s["target_ms"][args.gamma + 1] / s["target_ms"][1],
+                       "draft_over_target": s["draft_ms"] / s["target_ms"][1]},
+    }
+
+
+def markdown(report: dict) -> str:
+    c, p = report["config"], report["projection"]
+    lines = [f"random-weight {c['shape']} pair ({c['target_params_M']} M target parameters), {c['device']}, "
+             f"{c['dtype']}, batch 1, greedy, {c['tokens']} tokens per decode", "",
+             "| decoding loop | ms/token | tokens/target call | acceptance |", "|---|---|---|---|"]
+    for name, row in report["loops"].items():
+        tpc = f"{row['tokens_per_target_call']:.2f}" if "tokens_per_target_call" in row else "-"
+        acc = f"{row['acceptance']:.3f}" if row.get("acceptance") is not None else "-"
+        lines.append(f"| {name} | {row['ms_per_token']:.2f} | {tpc} | {acc} |")
+    lines += ["", "| step (ms) | " + " | ".join(f"target k={k}" for k in report["steps"]["graphs"]["target_ms"])
+              + " | draft |", "|---" * (len(report["steps"]["graphs"]["target_ms"]) + 2) + "|"]
+    for mode, s in report["steps"].items():
+        lines.append(f"| {mode} | " + " | ".join(f"{v:.3f}" for v in s["target_ms"].values())
+                     + f" | {s['draft_ms']:.3f} |")
+    v = report["verify_in_graph_us"]
+    lines += ["", f"- verification step (exact, B=1, g=5, V=51864) inside a CUDA graph: "
+              f"{f'{v:.1f} us' if v is not None else 'n/a (no GPU)'}",
+              f"- target step with g+1 tokens / 1 token: {p['target_wide_over_one']:.2f}x; draft step / target step: "
+              f"{p['draft_over_target']:.3f}",
+              f"- projected `exact` at {p['tokens_per_call']} tokens per target call: {p['ms_per_token']:.3f} ms/token, "
+              f"{p['speedup_vs_off']:.2f}x graph-captured `off`"]
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    for mode, s in report["steps"].items():
+        ks = list(s["target_ms"])
+        ax.plot(ks, list(s["target_ms"].values()), marker="o", label=f"target step ({mode})")
+        ax.axhline(s["draft_ms"], linestyle="--", color=ax.lines[-1].get_color(), label=f"draft step ({mode})")
+    c = report["config"]
+    ax.set(xlabel="tokens scored in one target step (k)", ylabel="ms", yscale="log",
+           title=f"random {c['shape']}, {c['device']}, {c['dtype']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="large-v2")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None, help="default: float16 on CUDA, float32 on CPU")
+    ap.add_argument("--graphs", choices=["auto", "emulate"], default="auto",
+                    help="auto: CUDA graphs on a GPU (eager on a CPU); emulate: the static path on a CPU")
+    ap.add_argument("--gamma", type=int, default=5)
+    ap.add_argument("--draft-vocab", type=int, default=RuntimeOptions().draft_vocab)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out-dir", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    args.dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")
+    report = run(args)
+    text = markdown(report)
+    print(text)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    stem = args.out_dir / f"runtime_bench_{args.shape}_{torch.device(args.device).type}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    stem.with_suffix(".md").write_text(text + "\n")
+    plot(report, stem.with_suffix(".png"))
+    print(f"wrote {stem}.json, .md and .png")
+
+
+if __name__ == "__main__":
+    main()
