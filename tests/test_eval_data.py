@@ -1,4 +1,4 @@
-"""asr-eval's data side: dataset loaders on the shared audio, WER against jiwer, bad input."""
+"""asr-eval's data side: dataset loaders on the test clips (tests/data), WER against jiwer, bad input."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import shutil
 
 import jiwer
 import pytest
-from conftest import JFK_FLAC, LIBRISPEECH_DIR, LJSPEECH_DIR, TINY_EN_DIR
+from conftest import JFK_FLAC, LIBRISPEECH_DIR, LJSPEECH_DIR, TINY_EN_DIR, lj_clip
 
 from asr_app.eval.datasets import DatasetError, load_dataset
 from asr_app.eval.wer import corpus_wer, english_normalizer, spelling_map_from_dir
@@ -61,8 +61,8 @@ def test_no_data_dir_and_no_datasets_package_is_clear(monkeypatch, tmp_path):
 
 def test_ljspeech_metadata():
     utts = load_dataset("ljspeech", LJSPEECH_DIR)
-    assert len(utts) == 32
-    assert utts[0].id == "LJ001-0001" and utts[0].audio_path == LJSPEECH_DIR / "wavs" / "LJ001-0001.wav"
+    assert len(utts) == 8  # the clips tests/data holds (FLAC: the corpus's WAV names are looked up first)
+    assert utts[0].id == "LJ001-0001" and utts[0].audio_path == lj_clip("LJ001-0001")
     assert utts[1].reference == "in being comparatively modern."
     assert all(u.audio_path.is_file() and u.reference for u in utts)
 

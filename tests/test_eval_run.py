@@ -1,4 +1,4 @@
-"""asr-eval end to end on the shared LibriSpeech clips with the real tiny.en and its distilled draft."""
+"""asr-eval end to end on the LibriSpeech test clips with the real tiny.en and its distilled draft."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from asr_app.eval.runner import mode_specs, run_evaluation
 from asr_app.eval.wer import english_normalizer, spelling_map_from_dir
 
 SPLIT = LIBRISPEECH_DIR / "LibriSpeech" / "test-clean"
-SHORT_IDS = ("1089-134686-0001", "1089-134691-0000")  # the two shortest shared clips (3.3 s, 2.1 s)
+SHORT_IDS = ("1089-134686-0001", "1089-134691-0000")  # the two shortest test clips (3.3 s, 2.1 s)
 MODEL_ARGS = ["--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR), "--device", "cpu", "--dtype", "float32"]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -25,7 +25,7 @@ def _references() -> dict[str, str]:
 
 
 def librispeech_subset(root, ids, references=None, corrupt=()):
-    """A LibriSpeech layout under `root` with only `ids`: the shared .flac files are linked, not copied;
+    """A LibriSpeech layout under `root` with only `ids`: the test .flac files are linked, not copied;
     ids in `corrupt` get a file of garbage bytes instead."""
     references = references or _references()
     for utt_id in ids:

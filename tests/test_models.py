@@ -14,7 +14,8 @@ from conftest import DISTIL_DRAFT_DIR, REPO_ROOT, TINY_EN_DIR
 from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration
 
 from asr_app.models import PRESETS, ModelLoadError, derive_draft, detect_shared_encoder, load_pair
-from asr_app.models.loading import check_pair, resolve_draft_dtype, resolve_dtype
+from asr_app.models.device import resolve_draft_dtype, resolve_dtype
+from asr_app.models.loading import check_pair
 
 
 def small_whisper(vocab: int = 51864, d_model: int = 16, layers: int = 1, seed: int = 0):
@@ -125,12 +126,13 @@ def test_bad_names_and_options():
     assert resolve_dtype(None, torch.device("cuda")) == torch.float16
     assert resolve_dtype("bf16", torch.device("cpu")) == torch.bfloat16
     assert PRESETS["large-v3"].draft == "distil-whisper/distil-large-v3"
-    assert set(PRESETS) == {"small.en", "medium.en", "large-v2", "large-v3"}
+    assert set(PRESETS) == {"tiny.en", "small.en", "medium.en", "large-v2", "large-v3"}
+    assert PRESETS["tiny.en"].draft == "bundled"
 
 
 def test_hub_id_from_offline_cache_and_missing_id(tmp_path):
     """Build a Hugging Face cache (models--openai--whisper-tiny.en/snapshots/<rev>, refs/main) from the
-    shared files and load it by hub id with HF_HUB_OFFLINE=1 in a fresh process (the hub library reads
+    test model folder and load it by hub id with HF_HUB_OFFLINE=1 in a fresh process (the hub library reads
     HF_HUB_CACHE at import); an id that is not cached gives the clear error."""
     rev = "0123456789abcdef0123456789abcdef01234567"
     repo = tmp_path / "hub" / "models--openai--whisper-tiny.en"
@@ -143,7 +145,7 @@ def test_hub_id_from_offline_cache_and_missing_id(tmp_path):
     script = textwrap.dedent("""
         from asr_app.models import ModelLoadError, load_pair
         pair = load_pair(target="openai/whisper-tiny.en", device="cpu")
-        print("LOADED", type(pair.target).__name__, pair.target_name, pair.draft, pair.target.config.vocab_size)
+        print("LOADED", type(pair.target).__name__, pair.target_name, pair.draft_name, pair.target.config.vocab_size)
         try:
             load_pair(target="openai/whisper-small.en", device="cpu")
         except ModelLoadError as err:
@@ -152,6 +154,7 @@ def test_hub_id_from_offline_cache_and_missing_id(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hub"), PYTHONPATH=str(REPO_ROOT))
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "LOADED WhisperForConditionalGeneration openai/whisper-tiny.en None 51864" in out.stdout
+    # tiny.en's preset draft is the one shipped in the package
+    assert "LOADED WhisperForConditionalGeneration openai/whisper-tiny.en bundled distil-tiny.en draft 51864" in out.stdout
     error = out.stdout.split("ERROR", 1)[1]
     assert "openai/whisper-small.en" in error and "HF_HUB_OFFLINE" in error and "local directory" in error

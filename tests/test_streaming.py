@@ -8,7 +8,7 @@ import json
 import jiwer
 import numpy as np
 import pytest
-from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, LJSPEECH_DIR, TINY_EN_DIR, lj_text, normalise
+from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, TINY_EN_DIR, lj_clip, lj_text, normalise
 
 from asr_app.audio import SAMPLE_RATE, FileSource, load_audio
 from asr_app.decoding import DecodingOptions
@@ -151,7 +151,7 @@ def test_stream_matches_offline_transcript_and_silence_adds_nothing(decoder):
 
 
 def test_long_stream_trims_buffer_at_committed_segments(decoder):
-    clips = [load_audio(LJSPEECH_DIR / "wavs" / f"LJ001-{i:04d}.wav") for i in (1, 3)]
+    clips = [load_audio(lj_clip(f"LJ001-{i:04d}")) for i in (1, 3)]
     gap = np.zeros(int(0.4 * SAMPLE_RATE), dtype=np.float32)
     audio = np.concatenate([clips[0], gap, clips[1]])  # about 19.7 s
     # Target-only decoding keeps this long test cheap; the speculative path is covered above.
@@ -171,7 +171,7 @@ def test_reusing_the_previous_hypothesis_changes_compute_not_text(decoder, mode)
     # Each re-decode is offered the previous decode of the buffer as a hint; the decoder verifies it, so
     # every event is the same as without it (greedy), while the target scores the reused part in one call.
     # This clip is a hard case: from one decode to the next Whisper flips "Printing, in" / "printing in".
-    audio = load_audio(LJSPEECH_DIR / "wavs" / "LJ001-0001.wav")[: 8 * SAMPLE_RATE]
+    audio = load_audio(lj_clip("LJ001-0001"))[: 8 * SAMPLE_RATE]
     runs = {}
     for reuse in (False, True):
         options = StreamingOptions(step_s=1.0, reuse_hypothesis=reuse, decoding=DecodingOptions(mode=mode))
@@ -218,7 +218,7 @@ def stream_cli(monkeypatch, decoder):
 
 
 def test_asr_stream_jsonl_events(stream_cli, capsys):
-    clip = LJSPEECH_DIR / "wavs" / "LJ001-0002.wav"  # "in being comparatively modern."
+    clip = lj_clip("LJ001-0002")  # "in being comparatively modern."
     assert stream_cli.main(["--simulate", str(clip), "--fast", "--jsonl", "--step", "1", *MODEL_ARGS]) == 0
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert {e["kind"] for e in events} <= {"commit", "partial"}

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import soxr
-from conftest import JFK_FLAC, LJSPEECH_DIR
+from conftest import JFK_FLAC, LJSPEECH_DIR, lj_clip
 
 from asr_app.decoding import DecodingOptions, SpeculativeDecoder
 from asr_app.streaming import StreamingOptions
@@ -24,8 +24,8 @@ from asr_app.ui_text import DIFF_CHANGED, DIFF_MISSING, basic_normalize, word_di
 BROWSER_RATE = 48_000
 CHUNK_S = 0.5
 JFK_TEXT = (JFK_FLAC.parent / "jfk.txt").read_text().strip()
-LJ_CLIP = LJSPEECH_DIR / "wavs" / "LJ001-0004.wav"   # 5 s: "produced the block books, ..."
-LJ_SHORT = LJSPEECH_DIR / "wavs" / "LJ001-0002.wav"   # 1.9 s: "in being comparatively modern."
+LJ_CLIP = lj_clip("LJ001-0004")   # 5 s: "produced the block books, ..."
+LJ_SHORT = lj_clip("LJ001-0002")   # 1.9 s: "in being comparatively modern."
 # The app re-decodes every 1 s; the tests use 3 s to cut their compute on a 2-core CPU
 # (same code path, fewer re-decodes of the growing buffer).
 TEST_STEP_S = 3.0
@@ -149,7 +149,7 @@ def test_ten_minute_recording_keeps_the_buffer_bounded(engine):
     recording = (rng.standard_normal(600 * 16_000) * 3e-4).astype(np.float32)
     clip_ids = ["LJ001-0002", "LJ001-0008"]
     for k, clip_id in enumerate(clip_ids):
-        samples, rate = sf.read(str(LJSPEECH_DIR / "wavs" / f"{clip_id}.wav"), dtype="float32")
+        samples, rate = sf.read(str(lj_clip(clip_id)), dtype="float32")
         speech = soxr.resample(samples, rate, 16_000)
         at = (k * 300 + 10) * 16_000
         recording[at:at + len(speech)] += speech

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import soxr
-from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, LJSPEECH_DIR, REPO_ROOT, TINY_EN_DIR
+from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, REPO_ROOT, TINY_EN_DIR, lj_clip
 from gradio_client import Client, handle_file
 
 from asr_app.ui_text import word_error_rate
@@ -31,11 +31,11 @@ from asr_app.ui_text import word_error_rate
 ARTIFACTS = REPO_ROOT / "artifacts"
 STARTUP_TIMEOUT_S = 240
 JFK_TEXT = (JFK_FLAC.parent / "jfk.txt").read_text().strip()
-LJ_SHORT = LJSPEECH_DIR / "wavs" / "LJ001-0002.wav"   # 1.9 s: "in being comparatively modern."
+LJ_SHORT = lj_clip("LJ001-0002")   # 1.9 s: "in being comparatively modern."
 LJ_SHORT_TEXT = "in being comparatively modern."
-LJ_OTHER = LJSPEECH_DIR / "wavs" / "LJ001-0008.wav"   # 1.8 s: "has never been surpassed."
+LJ_OTHER = lj_clip("LJ001-0008")   # 1.8 s: "has never been surpassed."
 LJ_OTHER_TEXT = "has never been surpassed."
-LJ_LIVE = LJSPEECH_DIR / "wavs" / "LJ001-0004.wav"    # 5.1 s
+LJ_LIVE = lj_clip("LJ001-0004")    # 5.1 s
 LJ_LIVE_TEXT = "produced the block books, which were the immediate predecessors of the true printed book,"
 
 

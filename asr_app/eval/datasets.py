@@ -170,7 +170,8 @@ def _hf_audio(audio: object) -> tuple[np.ndarray, int]:
 
 
 def load_ljspeech(data_dir: str | Path) -> list[Utterance]:
-    """LJSpeech: `metadata.csv` (`id|text` or `id|text|normalized_text`) and `wavs/<id>.wav`."""
+    """LJSpeech: `metadata.csv` (`id|text` or `id|text|normalized_text`) and `wavs/<id>.wav` (or another
+    audio format under the same name, e.g. a copy converted to FLAC)."""
     root = Path(data_dir).expanduser()
     candidates = [root, root / "LJSpeech-1.1"]
     metadata = next((c / "metadata.csv" for c in candidates if (c / "metadata.csv").is_file()), None)
@@ -189,8 +190,17 @@ def load_ljspeech(data_dir: str | Path) -> list[Utterance]:
             # The third column (when present) spells numbers out as spoken; prefer it.
             text = row[2] if len(row) >= 3 and row[2].strip() else row[1]
             utt_id = row[0].strip()
-            utterances.append(Utterance(id=utt_id, reference=text.strip(), audio_path=metadata.parent / "wavs" / f"{utt_id}.wav"))
+            utterances.append(Utterance(id=utt_id, reference=text.strip(), audio_path=_lj_audio(metadata.parent, utt_id)))
     return sorted(utterances, key=lambda u: u.id)
+
+
+def _lj_audio(root: Path, utt_id: str) -> Path:
+    wav = root / "wavs" / f"{utt_id}.wav"
+    if wav.exists():
+        return wav
+    other = next((root / "wavs" / f"{utt_id}{suffix}" for suffix in AUDIO_SUFFIXES
+                  if (root / "wavs" / f"{utt_id}{suffix}").exists()), None)
+    return other or wav  # a missing file is reported when it is read, like any other
 
 
 # --- folder / manifest ---------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import jiwer
 from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
 
 Normalizer = Callable[[str], str]
+PACKAGED_SPELLING = Path(__file__).with_name("data") / "english_spelling.json"
 
 
 def spelling_map_from_dir(model_dir: str | Path) -> dict[str, str] | None:
@@ -27,7 +28,8 @@ def english_normalizer(spelling_map: dict[str, str] | None = None) -> EnglishTex
 
 
 def normalizer_for_tokenizer(tokenizer: object, model_dir: str | Path | None = None) -> tuple[EnglishTextNormalizer, bool]:
-    """Whisper's English normaliser with the spelling map the tokenizer loaded (or the model folder has).
+    """Whisper's English normaliser with the spelling map the tokenizer loaded, the model folder has, or
+    the package ships (eval/data: CTranslate2 folders carry none).
 
     Returns (normaliser, has_spelling_map). Without the map "colour" and "color" count as different
     words, so a missing map is warned about and recorded in the summary rather than ignored.
@@ -35,6 +37,8 @@ def normalizer_for_tokenizer(tokenizer: object, model_dir: str | Path | None = N
     spelling = getattr(tokenizer, "english_spelling_normalizer", None)
     if not spelling and model_dir is not None:
         spelling = spelling_map_from_dir(model_dir)
+    if not spelling and PACKAGED_SPELLING.is_file():
+        spelling = json.loads(PACKAGED_SPELLING.read_text(encoding="utf-8"))
     if not spelling:
         warnings.warn("Whisper's spelling map (normalizer.json) not found: British/American spellings count as errors",
                       stacklevel=2)

@@ -30,6 +30,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import (
+    GenerationConfig,
+    WhisperConfig,
+    WhisperFeatureExtractor,
+    WhisperForConditionalGeneration,
+    WhisperProcessor,
+    WhisperTokenizer,
+)
+
+from asr_app.models.device import resolve_device, resolve_dtype
+from asr_app.models.errors import ModelLoadError
 
 CT2_MODEL_FILE = "model.bin"
 SUPPORTED_BINARY_VERSION = 6
@@ -52,9 +63,6 @@ _ACTIVATION_GELU = 3
 
 
 def _load_error(path: Path, reason: str) -> Exception:
-    # Imported here because asr_app.models imports this module lazily from load_pair.
-    from asr_app.models import ModelLoadError
-
     return ModelLoadError(f"{path}: {reason}")
 
 
@@ -380,7 +388,6 @@ def _read_ct2_vocabulary(model_dir: Path) -> tuple[Path, list[str] | None]:
 
 
 def _load_tokenizer(model_dir: Path, vocab_size: int):
-    from transformers import WhisperTokenizer
 
     tok_file = model_dir / "tokenizer.json"
     if not tok_file.is_file():
@@ -420,7 +427,6 @@ def _token_id(tokenizer, token: str, model_dir: Path) -> int:
 
 
 def _build_configs(model_dir: Path, dims: dict, tokenizer):
-    from transformers import GenerationConfig, WhisperConfig
 
     ct2_config = _read_json(model_dir / "config.json") if (model_dir / "config.json").is_file() else {}
     ids = {name: _token_id(tokenizer, f"<|{name}|>", model_dir)
@@ -460,7 +466,6 @@ def _build_configs(model_dir: Path, dims: dict, tokenizer):
 
 
 def _load_processor(model_dir: Path, num_mel_bins: int, tokenizer):
-    from transformers import WhisperFeatureExtractor, WhisperProcessor
 
     pre = model_dir / "preprocessor_config.json"
     settings = _read_json(pre) if pre.is_file() else {}
@@ -476,9 +481,7 @@ def load_ct2_whisper(path: str | Path, dtype: torch.dtype | str | None = None, d
     ``dtype=None`` picks float32 on the CPU and float16 elsewhere; quantised int8/int16 weights
     are dequantised with their stored scales first.
     """
-    from transformers import WhisperForConditionalGeneration
 
-    from asr_app.models.loading import resolve_device, resolve_dtype
 
     model_dir = Path(path)
     if not is_ct2_dir(model_dir):

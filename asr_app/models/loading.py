@@ -16,17 +16,18 @@ from transformers import (
     WhisperProcessor,
 )
 
+from asr_app.models import ct2
+from asr_app.models.bundled import BUNDLED, is_tiny_en, load_bundled_draft
+from asr_app.models.defaults import choose_default
 from asr_app.models.derive import derive_draft
+from asr_app.models.device import resolve_device, resolve_draft_dtype, resolve_dtype
+from asr_app.models.errors import ModelLoadError
 from asr_app.models.presets import PRESETS, preset_for_target
 
 log = logging.getLogger(__name__)
 
 # Vocabulary sizes that identify a Whisper family; used to make mismatch errors readable.
 _VOCAB_FAMILIES = {51864: "English-only (*.en)", 51865: "multilingual v1/v2", 51866: "multilingual large-v3"}
-
-
-class ModelLoadError(RuntimeError):
-    """A model could not be loaded or the target/draft pair is unusable (message says why and what to do)."""
 
 
 @dataclass
@@ -44,51 +45,6 @@ class ModelPair:
     @property
     def draft_compute_dtype(self) -> torch.dtype:
         return self.draft_dtype or self.dtype
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    if isinstance(device, torch.device):
-        return device
-    if device in (None, "", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError(f"device '{device}' requested but CUDA is not available; use --device cpu")
-    return dev
-
-
-_DTYPES = {
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-}
-
-
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """fp16 on CUDA and fp32 on CPU unless told otherwise (fp16 convolutions fail on CPU)."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "", "auto"):
-        return torch.float16 if device.type == "cuda" else torch.float32
-    try:
-        return _DTYPES[str(dtype).lower()]
-    except KeyError:
-        raise ModelLoadError(f"unknown dtype '{dtype}'; use one of: auto, {', '.join(sorted(_DTYPES))}") from None
-
-
-def resolve_draft_dtype(draft_dtype: str | torch.dtype | None, device: torch.device,
-                        target_dtype: torch.dtype) -> torch.dtype:
-    """The draft's dtype: the target's unless told otherwise (None, "", "auto" and "same" all mean the target's).
-
-    The draft only proposes tokens and verification decides what is kept, so its precision changes its
-    acceptance rate and the speed, never the output (greedy tokens, or the sampling distribution). Measured on
-    a CPU with native bf16 (bench/decode_bench.py): a bf16 draft next to the fp32 tiny.en is no faster (3.5 ms
-    a step vs 3.3 ms in fp32, whose output layer the engine already reads once per step), so it is not the
-    default anywhere.
-    """
-    if draft_dtype in (None, "", "auto", "same"):
-        return target_dtype
-    return resolve_dtype(draft_dtype, device)
 
 
 def _not_found(spec: str, role: str, err: Exception) -> ModelLoadError:
@@ -131,8 +87,6 @@ def _load_config(spec: str, role: str) -> WhisperConfig:
 def _load_target(spec: str, device: torch.device, dtype: torch.dtype):
     local = _check_local(spec, "target")
     if local is not None and (local / "model.bin").is_file():
-        from asr_app.models import ct2  # lazy: only CTranslate2 directories need it
-
         if ct2.is_ct2_dir(local):
             return ct2.load_ct2_whisper(local, dtype, device)
     _load_config(spec, "target")
@@ -147,8 +101,6 @@ def _load_target(spec: str, device: torch.device, dtype: torch.dtype):
 def _load_draft(spec: str, device: torch.device, dtype: torch.dtype):
     local = _check_local(spec, "draft")
     if local is not None and (local / "model.bin").is_file():
-        from asr_app.models import ct2
-
         if ct2.is_ct2_dir(local):
             return ct2.load_ct2_whisper(local, dtype, device)[0]
     config = _load_config(spec, "draft")
@@ -212,6 +164,45 @@ def detect_shared_encoder(target, draft) -> bool:
     return encoders_equal(target, draft)
 
 
+def _names(pair: str | None, target: str | None, draft: str | None, device: torch.device) -> tuple[str, str | None]:
+    """(target spec, draft spec) from what the user named: a preset, a target, or neither (the default)."""
+    preset = None
+    if pair is not None:
+        if pair not in PRESETS:
+            raise ModelLoadError(f"unknown pair '{pair}'; presets: {', '.join(PRESETS)}")
+        preset = PRESETS[pair]
+    target_name = target or (preset.target if preset else None)
+    if target_name is None:
+        choice = choose_default(str(device))
+        if choice.notice:
+            log.warning(choice.notice)
+        target_name = choice.target
+        if draft == "auto":
+            draft = choice.draft
+    if draft == "auto":
+        preset = preset or preset_for_target(target_name)
+        draft = preset.draft if preset else "auto"  # an unknown target: decided once it is loaded
+    if isinstance(draft, str) and draft.lower() == "none":
+        draft = None
+    return str(target_name), draft
+
+
+def _build_draft(spec: str | None, target_model, target_name: str, device: torch.device, dtype: torch.dtype):
+    """(draft model or None, its name). "auto" for a target no preset knows: the bundled draft if the
+    target is tiny.en, else none; "derived": decoder layers (0, last) of the target; "bundled": the draft
+    shipped in the package (tiny.en only)."""
+    if spec == "auto":
+        spec = BUNDLED if is_tiny_en(target_model) else None
+    if spec is None:
+        return None, None
+    if spec == "derived":
+        last = target_model.config.decoder_layers - 1
+        return derive_draft(target_model, layers=(0, last) if last > 0 else (0,)), f"derived({target_name}, layers 0,{last})"
+    if spec == BUNDLED:
+        return load_bundled_draft(target_model), "bundled distil-tiny.en draft"
+    return _load_draft(spec, device, dtype).to(device=device, dtype=dtype).eval(), spec
+
+
 def load_pair(
     pair: str | None = None,
     target: str | None = None,
@@ -220,59 +211,22 @@ def load_pair(
     dtype: str | torch.dtype | None = None,
     draft_dtype: str | torch.dtype | None = None,
 ) -> ModelPair:
-    """Load target + draft. `draft="auto"`: the preset's draft (none for an unknown target);
-    `None`/"none": target-only; "derived": decoder layers (0, last) of the target.
-    `draft_dtype`: the draft's own dtype (default: the target's; see `resolve_draft_dtype`)."""
+    """Load target + draft. `draft="auto"`: the preset's draft, or the bundled draft for tiny.en, else
+    none; `None`/"none": target-only; "derived": decoder layers (0, last) of the target; "bundled": the
+    distilled tiny.en draft shipped in the package. `draft_dtype`: the draft's own dtype (default: the
+    target's; see `resolve_draft_dtype`)."""
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     draft_dt = resolve_draft_dtype(draft_dtype, dev, dt)
-    preset = None
-    if pair is not None:
-        if pair not in PRESETS:
-            raise ModelLoadError(f"unknown pair '{pair}'; presets: {', '.join(PRESETS)}")
-        preset = PRESETS[pair]
-    target_name = target or (preset.target if preset else None)
-    if target_name is None:
-        from asr_app.models.defaults import choose_default  # lazy: only needed without --pair/--target
-
-        choice = choose_default(str(dev))
-        if choice.notice:
-            log.warning(choice.notice)
-        target_name = choice.target
-        if draft == "auto":
-            draft = choice.draft
-    if draft == "auto":
-        if preset is None:
-            preset = preset_for_target(target_name)
-        draft = preset.draft if preset else None
-    if isinstance(draft, str) and draft.lower() == "none":
-        draft = None
-
-    target_model, processor = _load_target(str(target_name), dev, dt)
+    target_name, draft_spec = _names(pair, target, draft, dev)
+    target_model, processor = _load_target(target_name, dev, dt)
     target_model = target_model.to(device=dev, dtype=dt).eval()
-
-    draft_model = None
-    draft_name = None
-    if isinstance(draft, str) and draft == "derived":
-        last = target_model.config.decoder_layers - 1
-        draft_model = derive_draft(target_model, layers=(0, last) if last > 0 else (0,))
-        draft_name = f"derived({target_name}, layers 0,{last})"
-    elif draft is not None:
-        draft_name = str(draft)
-        draft_model = _load_draft(draft_name, dev, dt).to(device=dev, dtype=dt).eval()
+    draft_model, draft_name = _build_draft(draft_spec, target_model, target_name, dev, dt)
     if draft_model is not None:
-        check_pair(target_model, draft_model, str(target_name), draft_name)
+        check_pair(target_model, draft_model, target_name, draft_name)
     shared = detect_shared_encoder(target_model, draft_model)  # before a cast (it may compare weights)
     if draft_model is not None and draft_dt != dt:
         draft_model = draft_model.to(dtype=draft_dt)
-    return ModelPair(
-        target=target_model,
-        draft=draft_model,
-        processor=processor,
-        device=dev,
-        dtype=dt,
-        shared_encoder=shared,
-        target_name=str(target_name),
-        draft_name=draft_name,
-        draft_dtype=draft_dt if draft_model is not None else None,
-    )
+    return ModelPair(target=target_model, draft=draft_model, processor=processor, device=dev, dtype=dt,
+                     shared_encoder=shared, target_name=target_name, draft_name=draft_name,
+                     draft_dtype=draft_dt if draft_model is not None else None)
