@@ -42,6 +42,7 @@ class TranscribeOptions:
     decoding: DecodingOptions | None = None  # None: the decoder's own options (timestamps forced on)
     condition_on_previous_text: bool = True
     prompt_chars: int = 200                  # how much previous text to pass as the prompt
+    initial_prompt: str | None = None        # text before the audio: spellings, names, style (--initial_prompt)
     no_speech_threshold: float = 0.6         # Whisper's silence rule: skip a window if P(nospeech) > this
     logprob_threshold: float = -1.0          # ... and its mean log-prob is below this
     energy_threshold: float = SILENCE_RMS    # a window with no 30 ms frame this loud is skipped, not decoded
@@ -89,10 +90,11 @@ class _LongForm:
         return self.audio[self.seek:self.seek + WINDOW_SAMPLES]
 
     def prompt(self, options: TranscribeOptions) -> str | None:
-        previous = self.segments[self.prompt_from:]
-        if not options.condition_on_previous_text or not previous:
-            return None
-        text = " ".join(s.text for s in previous)[-options.prompt_chars:]
+        """The initial prompt (if any), then the previous windows' text, keeping the end (openai/whisper
+        keeps the initial prompt in front of every window's prompt the same way)."""
+        previous = self.segments[self.prompt_from:] if options.condition_on_previous_text else []
+        parts = [options.initial_prompt or "", *(s.text for s in previous)]
+        text = " ".join(p.strip() for p in parts if p.strip())[-options.prompt_chars:]
         return text.strip() or None
 
 
@@ -338,7 +340,7 @@ def _finish(job: _LongForm, decoder: Any, decoding: DecodingOptions) -> Transcri
         language=decoding.language,
         mode=decoding.mode,
         model={"target": getattr(pair, "target_name", None), "draft": getattr(pair, "draft_name", None),
-               "device": str(getattr(pair, "device", "")), "dtype": str(getattr(pair, "dtype", ""))},
+               "device": str(getattr(pair, "device", "")), "dtype": str(getattr(pair, "dtype", "")).removeprefix("torch.")},
         timings={"load_s": round(getattr(job, "load_s", 0.0), 4), "decode_s": round(job.decode_s, 4),
                  "total_s": round(total, 4), "rtf": round(job.decode_s / duration, 4) if duration else 0.0},
         stats={**_aggregate_stats(job.results, decoding.mode), "temperature_fallbacks": job.fallbacks,

@@ -164,10 +164,12 @@ def _port_problem(host: str, port: int) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from asr_app.cli.common import load_decoder_or_report
+    from asr_app.cli.common import check_args_or_report, load_decoder_or_report
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    if not check_args_or_report(args, "app.py"):
+        return 2
     problem = _port_problem(args.host, args.port)
     if problem:  # say so before spending time on loading the models
         print(f"error: cannot serve on {args.host}:{args.port}: {problem}", file=sys.stderr)

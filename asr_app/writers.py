@@ -1,15 +1,8 @@
-"""Transcript writers (txt, srt, vtt, json), each output written atomically.
-
-Atomic means: the text goes to a hidden temporary file in the same folder, is flushed to disk,
-and then `os.replace`d onto the final name, so a reader (or a rerun with --skip-existing)
-never sees a half-written file even if the process is killed mid-write.
-"""
+"""Transcript writers (txt, srt, vtt, tsv, json), each output written atomically (fileio.write_atomic)."""
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from asr_app.transcribe import Transcript
 
-FORMATS = ("txt", "srt", "vtt", "json")
-TEMP_PREFIX = ".asr-tmp-"
+from asr_app.fileio import TEMP_PREFIX, write_all_atomic
+
+FORMATS = ("txt", "srt", "vtt", "tsv", "json")
 
 
 def parse_formats(spec: str | Sequence[str]) -> list[str]:
@@ -67,26 +61,18 @@ def to_vtt(transcript: Transcript) -> str:
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 
+def to_tsv(transcript: Transcript) -> str:
+    """openai-whisper's TSV: start and end in integer milliseconds, then the text (tabs in it become spaces)."""
+    rows = [f"{round(1000 * start)}\t{round(1000 * end)}\t{text.replace(chr(9), ' ')}"
+            for start, end, text in _cues(transcript)]
+    return "start\tend\ttext\n" + "".join(row + "\n" for row in rows)
+
+
 def to_json(transcript: Transcript) -> str:
     return json.dumps(transcript.to_dict(), indent=2, ensure_ascii=False) + "\n"
 
 
-RENDERERS = {"txt": to_txt, "srt": to_srt, "vtt": to_vtt, "json": to_json}
-
-
-def write_atomic(path: str | Path, text: str) -> Path:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX + path.name + ".", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+RENDERERS = {"txt": to_txt, "srt": to_srt, "vtt": to_vtt, "tsv": to_tsv, "json": to_json}
 
 
 def output_paths(out_dir: str | Path, stem: str, formats: Sequence[str]) -> list[Path]:
@@ -94,15 +80,12 @@ def output_paths(out_dir: str | Path, stem: str, formats: Sequence[str]) -> list
 
 
 def write_outputs(transcript: Transcript, out_dir: str | Path, stem: str, formats: Sequence[str]) -> list[Path]:
-    """Render every format first, then write each atomically; returns the written paths.
-
-    JSON is written last, so its presence marks a file whose other formats are complete.
-    """
+    """Render every format, then write them all together or none (fileio.write_all_atomic); returns the
+    written paths. JSON is renamed last."""
     out_dir = Path(out_dir)
     (out_dir / stem).parent.mkdir(parents=True, exist_ok=True)  # stems may hold sub-folders
     ordered = sorted(formats, key=lambda fmt: fmt == "json")
-    rendered = {fmt: RENDERERS[fmt](transcript) for fmt in ordered}
-    return [write_atomic(out_dir / f"{stem}.{fmt}", text) for fmt, text in rendered.items()]
+    return write_all_atomic({out_dir / f"{stem}.{fmt}": RENDERERS[fmt](transcript) for fmt in ordered})
 
 
 def remove_stale_temps(out_dir: str | Path) -> list[Path]:

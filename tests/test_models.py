@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 from conftest import DISTIL_DRAFT_DIR, REPO_ROOT, TINY_EN_DIR
-from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration
+from transformers import WhisperConfig, WhisperForCausalLM, WhisperForConditionalGeneration, WhisperProcessor
 
 from asr_app.models import PRESETS, ModelLoadError, derive_draft, detect_shared_encoder, load_pair
 from asr_app.models.device import resolve_draft_dtype, resolve_dtype
@@ -158,3 +158,26 @@ def test_hub_id_from_offline_cache_and_missing_id(tmp_path):
     assert "LOADED WhisperForConditionalGeneration openai/whisper-tiny.en bundled distil-tiny.en draft 51864" in out.stdout
     error = out.stdout.split("ERROR", 1)[1]
     assert "openai/whisper-small.en" in error and "HF_HUB_OFFLINE" in error and "local directory" in error
+
+
+def test_bundled_draft_joins_tiny_en_and_refuses_other_targets(tiny_en_pair, tmp_path):
+    from asr_app.models.bundled import is_tiny_en, load_bundled_draft
+
+    target = tiny_en_pair.target
+    draft = load_bundled_draft(target)
+    assert is_tiny_en(target) and draft.config.decoder_layers == 2
+    decoder = draft.get_decoder()
+    assert torch.equal(decoder.embed_tokens.weight, target.get_decoder().embed_tokens.weight)
+    assert draft.proj_out.weight.data_ptr() == decoder.embed_tokens.weight.data_ptr()  # tied, as trained
+    # its layers are its own (distilled), not copies of tiny.en's layers 0 and 3
+    assert not torch.equal(decoder.layers[0].fc1.weight, target.get_decoder().layers[0].fc1.weight)
+    with pytest.raises(ModelLoadError, match="distilled from Whisper tiny.en"):
+        load_bundled_draft(small_whisper())
+    other = tmp_path / "other-whisper"
+    small_whisper().save_pretrained(other)
+    WhisperProcessor.from_pretrained(TINY_EN_DIR).save_pretrained(other)
+    with pytest.raises(ModelLoadError, match="distilled from Whisper tiny.en"):
+        load_pair(target=str(other), draft="bundled", device="cpu")
+    assert load_pair(target=str(other), device="cpu").draft is None  # "auto" for an unknown target: none
+    pair = load_pair(target=str(TINY_EN_DIR), draft="bundled", device="cpu")
+    assert pair.draft_name == "bundled distil-tiny.en draft" and pair.shared_encoder

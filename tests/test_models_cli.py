@@ -19,7 +19,7 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_arguments_and_defaults():
     args = parse()
     assert (args.pair, args.target, args.draft, args.mode, args.temperature, args.gamma) == (
-        None, None, "auto", "exact", 0.0, "auto")
+        None, None, "auto", "exact", (0.0,), "auto")
     assert parse("--gamma", "3").gamma == 3 and parse("--gamma", "heuristic").gamma == "heuristic"
     with pytest.raises(argparse.ArgumentTypeError):
         parse_gamma("0")

@@ -29,6 +29,7 @@ from conftest import (
 from asr_app.audio import SAMPLE_RATE, AudioLoadError, load_audio
 from asr_app.cli import transcribe as cli
 from asr_app.decoding import Segment
+from asr_app.fileio import write_atomic
 from asr_app.transcribe import (
     TranscribeOptions,
     Transcript,
@@ -38,7 +39,7 @@ from asr_app.transcribe import (
     transcribe,
     transcribe_many,
 )
-from asr_app.writers import format_timestamp, parse_formats, to_srt, to_vtt, write_atomic
+from asr_app.writers import format_timestamp, parse_formats, to_srt, to_vtt
 
 LJ = LJSPEECH_DIR / "wavs"
 MODEL_ARGS = ["--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR), "--device", "cpu"]
@@ -144,7 +145,7 @@ def test_timestamp_format_and_writers(tmp_path):
     assert check_srt(to_srt(transcript)) == [(0.0, 1.5), (1.5, 4.0)]
     assert "Hello there" in to_srt(transcript)  # a blank line inside a cue would end it
     assert check_vtt(to_vtt(transcript)) == [(0.0, 1.5), (1.5, 4.0)]
-    assert parse_formats("all") == ["txt", "srt", "vtt", "json"] and parse_formats("json,txt") == ["txt", "json"]
+    assert parse_formats("all") == ["txt", "srt", "vtt", "tsv", "json"] and parse_formats("json,txt") == ["txt", "json"]
     with pytest.raises(ValueError, match="unknown output format"):
         parse_formats("docx")
     target = write_atomic(tmp_path / "out.txt", "complete\n")
@@ -265,7 +266,7 @@ def test_cli_folder_all_formats_errors_and_skip_existing(tmp_path, capsys, reuse
     assert re.search(r"broken\.wav: not a readable audio file", err)
     assert "2 transcribed, 1 failed" in err
     written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    assert written == sorted(f"{stem}.{fmt}" for stem in ("jfk", "nested/lj2") for fmt in ("json", "srt", "txt", "vtt"))
+    assert written == sorted(f"{stem}.{fmt}" for stem in ("jfk", "nested/lj2") for fmt in ("json", "srt", "tsv", "txt", "vtt"))
     assert "ask not what your country can do for you" in (out / "jfk.txt").read_text().lower()
     check_srt((out / "jfk.srt").read_text())
     check_vtt((out / "nested" / "lj2.vtt").read_text())
@@ -349,13 +350,14 @@ def test_sigkill_mid_run_leaves_no_partial_outputs(tmp_path):
     assert cli.main([str(folder), "-o", str(out), "--format", "all", "--skip-existing", "--quiet",
                      "--mode", "off", *MODEL_ARGS]) == 0
     finished = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert sorted(finished) == sorted(f"{c}.{fmt}" for c in clips for fmt in ("json", "srt", "txt", "vtt"))
+    assert sorted(finished) == sorted(f"{c}.{fmt}" for c in clips for fmt in ("json", "srt", "tsv", "txt", "vtt"))
     for name, content in survivors.items():
         stem, fmt = name.rsplit(".", 1)
         if f"{stem}.json" in survivors:
             # JSON is written last, so this file's outputs were all complete: they must parse.
             text = content.decode()
-            {"json": json.loads, "srt": check_srt, "vtt": check_vtt, "txt": lambda t: t.endswith("\n")}[fmt](text)
+            {"json": json.loads, "srt": check_srt, "vtt": check_vtt, "txt": lambda t: t.endswith("\n"),
+             "tsv": lambda t: t.startswith("start\tend\ttext\n")}[fmt](text)
         else:
             # Killed between formats: the resumed run redid the file; greedy decoding is
             # deterministic, so a complete survivor is byte-identical to the redone one.

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
+from pathlib import Path
 
-import torch
+from asr_app.decoding.options import DEFAULT_DRAFT_VOCAB, MODES, DecodingOptions, RuntimeOptions
+from asr_app.languages import language_code
+from asr_app.models.defaults import hub_offline, hub_reachable, is_cached
+from asr_app.models.errors import ModelLoadError
+from asr_app.models.presets import PRESETS
 
-from asr_app.decoding import MODES, DecodingOptions, RuntimeOptions, SpeculativeDecoder
-from asr_app.decoding.options import DEFAULT_DRAFT_VOCAB
-from asr_app.models import PRESETS, load_pair
+MAX_TEMPERATURE = 1.0  # Whisper's fallback schedule ends here; far above it a model emits noise
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +34,23 @@ def parse_gamma(value: str) -> int | str:
     return gamma
 
 
+def parse_temperatures(value: str) -> tuple[float, ...]:
+    """'0' or a comma-separated schedule '0,0.2,0.4' (the first, then the fallback ones); each finite, in [0, 1]."""
+    try:
+        temps = tuple(float(t) for t in value.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--temperature wants a number or a list like 0,0.2,0.4, got '{value}'") from None
+    if not temps or any(not math.isfinite(t) or not 0 <= t <= MAX_TEMPERATURE for t in temps):
+        raise argparse.ArgumentTypeError(
+            f"--temperature values must be finite numbers in [0, {MAX_TEMPERATURE:g}], got '{value}'")
+    return temps
+
+
 def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group("model and decoding")
+    group.add_argument("--model", default=None,
+                       help=f"model as openai-whisper names it: a preset ({', '.join(PRESETS)}), a hub id or a "
+                            "local (transformers or CTranslate2) directory; its preset's draft comes along")
     group.add_argument("--pair", choices=sorted(PRESETS), default=None,
                        help="target/draft preset (default: the device's preset, large-v3 on CUDA or small.en on CPU, when it "
                             "is cached or the hub is reachable; else the offline tiny.en)")
@@ -47,7 +66,15 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--mode", choices=MODES, default="exact",
                        help="off: target only; hf: transformers' assisted generation; baseline/exact/sigmoid: our "
                             "loop with the PyTorch reference / exact / sigmoid verification (default: exact)")
-    group.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    group.add_argument("--temperature", type=parse_temperatures, default=(0.0,),
+                       help="0 = greedy (default); a list such as 0,0.2,0.4,0.6,0.8,1 also sets the fallback schedule")
+    group.add_argument("--language", default=None,
+                       help="spoken language: a code or name Whisper knows (en, fr, French...); default: English "
+                            "for English-only models, detected for multilingual ones")
+    group.add_argument("--task", choices=("transcribe", "translate"), default="transcribe",
+                       help="transcribe (default), or translate into English (multilingual models)")
+    group.add_argument("--beam_size", "--beam-size", type=int, default=1,
+                       help="1 only: speculative decoding is greedy (or sampled), not beam search")
     group.add_argument("--gamma", type=parse_gamma, default="auto",
                        help="drafts per step: 'auto' (default: the most tokens per second for the measured step "
                             "costs and acceptance, greedy decoding; sampling uses the heuristic), 'heuristic' "
@@ -66,20 +93,72 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Everything that can be checked before loading a model; ValueError with a message for the user.
+    Normalises `--language` to its code and resolves `--model`."""
+    if getattr(args, "beam_size", 1) != 1:
+        raise ValueError(f"--beam_size {args.beam_size}: beam search is not supported (speculative decoding is "
+                         "greedy, or sampled with --temperature); use --beam_size 1")
+    if getattr(args, "language", None):
+        args.language = language_code(args.language)
+    model = getattr(args, "model", None)
+    if model:
+        if args.pair or args.target:
+            raise ValueError("--model names the model: give it, or --pair / --target, not both")
+        args.pair, args.target = (model, None) if model in PRESETS else (None, model)
+        args.model = None  # resolved: checking again is a no-op
+    named = args.pair or args.target or ""
+    if named.rstrip("/").endswith(".en"):  # presets and OpenAI's English-only checkpoints say so in their name
+        _check_english_only(args, named)
+    if args.target:
+        check_reachable(args.target)
+
+
+HUB_CHECK_S = 1.5
+
+
+def check_reachable(spec: str) -> None:
+    """A hub id that is neither cached nor reachable fails here, before torch loads (ModelLoadError)."""
+    path = Path(spec).expanduser()
+    if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        return  # a local path (its problems are reported when it loads)
+    if not is_cached(spec) and (hub_offline() or not hub_reachable(HUB_CHECK_S)):
+        why = "HF_HUB_OFFLINE is set" if hub_offline() else "the Hugging Face Hub cannot be reached"
+        raise ModelLoadError(f"model '{spec}' is not in the local Hugging Face cache and {why}; download it once "
+                             "with network access, or pass a local model folder")
+
+
+def _check_english_only(args: argparse.Namespace, name: str) -> None:
+    if getattr(args, "language", None) not in (None, "en"):
+        raise ValueError(f"{name} is an English-only model; it cannot transcribe language '{args.language}' "
+                         "(choose a multilingual model with --model, e.g. base)")
+    if getattr(args, "task", "transcribe") == "translate":
+        raise ValueError(f"{name} is an English-only model; --task translate needs a multilingual model")
+
+
 def options_from_args(args: argparse.Namespace, **overrides) -> DecodingOptions:
     gamma = args.gamma
     policy = "heuristic" if gamma == "heuristic" else "cost"
-    fields = dict(mode=args.mode, temperature=args.temperature, gamma=gamma if isinstance(gamma, int) else None,
-                  gamma_policy=policy, alpha=args.alpha, beta=args.beta, seed=args.seed)
+    temperatures = args.temperature if isinstance(args.temperature, tuple) else (float(args.temperature),)
+    fields = dict(mode=args.mode, temperature=temperatures[0], gamma=gamma if isinstance(gamma, int) else None,
+                  gamma_policy=policy, alpha=args.alpha, beta=args.beta, seed=args.seed,
+                  language=getattr(args, "language", None) or "en", task=getattr(args, "task", "transcribe"))
     fields.update(overrides)
     return DecodingOptions(**fields)  # ValueError with a readable message on bad values
 
 
-def decoder_from_args(args: argparse.Namespace) -> SpeculativeDecoder:
-    """Load the pair named by the arguments and build a decoder.
+def decoder_from_args(args: argparse.Namespace):
+    """Load the pair named by the arguments and build a `SpeculativeDecoder`.
 
     Raises `ModelLoadError` (a RuntimeError: missing model, mismatched pair) or `ValueError` (bad option
     values) with a message meant for the user; the CLIs print it instead of a traceback."""
+    # Imported here, after argument parsing: torch and transformers take seconds to import.
+    import torch
+
+    from asr_app.decoding.engine import SpeculativeDecoder
+    from asr_app.models.loading import load_pair
+
+    check_args(args)
     threads = getattr(args, "threads", None)
     if threads is not None:
         torch.set_num_threads(max(1, threads))
@@ -89,18 +168,41 @@ def decoder_from_args(args: argparse.Namespace) -> SpeculativeDecoder:
         draft = None  # target-only decoding: do not load a draft nobody will run
     pair = load_pair(pair=args.pair, target=args.target, draft=draft, device=args.device, dtype=args.dtype,
                      draft_dtype=getattr(args, "draft_dtype", None))
+    multilingual = bool(getattr(pair.target.generation_config, "is_multilingual", False))
+    if not multilingual:
+        _check_english_only(args, pair.target_name)
+    elif not getattr(args, "language", None):
+        options = options_from_args(args, language=None)  # detected per window
     if pair.draft is None and options.mode != "off":
         log.warning("no draft model for '%s': decoding with the target only (mode off)", pair.target_name)
-        options = options_from_args(args, mode="off")
+        options = options_from_args(args, mode="off", language=options.language)
     runtime = RuntimeOptions(draft_vocab=getattr(args, "draft_vocab", DEFAULT_DRAFT_VOCAB) or None,
                              cuda_graphs="off" if getattr(args, "no_cuda_graphs", False) else "auto")
     return SpeculativeDecoder(pair, options, runtime)
 
 
-def load_decoder_or_report(args: argparse.Namespace, prog: str) -> SpeculativeDecoder | None:
-    """`decoder_from_args` for a command-line tool: on a model problem print one clear line, return None."""
+def report(exc: Exception, prog: str) -> None:
+    """One line for a problem with the options (ValueError) or the models (anything else)."""
+    if isinstance(exc, ValueError):
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+    else:
+        print(f"{prog}: error: cannot load the models: {exc}", file=sys.stderr)
+
+
+def check_args_or_report(args: argparse.Namespace, prog: str) -> bool:
+    """`check_args` for a command-line tool: False (after one clear line) when it fails."""
+    try:
+        check_args(args)
+    except (ValueError, ModelLoadError) as exc:
+        report(exc, prog)
+        return False
+    return True
+
+
+def load_decoder_or_report(args: argparse.Namespace, prog: str):
+    """`decoder_from_args` for a command-line tool: on a problem print one clear line, return None."""
     try:
         return decoder_from_args(args)
-    except (OSError, ValueError, RuntimeError) as exc:  # ModelLoadError is a RuntimeError
-        print(f"{prog}: error: cannot load the models: {exc}", file=sys.stderr)
-        return None
+    except (ValueError, OSError, RuntimeError) as exc:  # ModelLoadError is a RuntimeError
+        report(exc, prog)
+    return None

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import TextIO
 
-from asr_app.cli.common import add_model_args, load_decoder_or_report
+from asr_app.cli.common import add_model_args, check_args_or_report, load_decoder_or_report
 from asr_app.streaming import StreamEvent, StreamingOptions, StreamingProcessor, latency_report
 
 
@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--fast needs --simulate FILE")
     if args.step <= 0 or args.block <= 0:
         parser.error("--step and --block must be positive")
+    if not check_args_or_report(args, "asr-stream"):
+        return 2
 
     from asr_app.audio import AudioLoadError, FileSource, MicrophoneError, MicrophoneSource
 

@@ -2,6 +2,9 @@
 
     asr-transcribe asr_app/samples/sample.flac                  # transcript to stdout
     asr-transcribe talks/ -o out/ --format all --recursive --skip-existing
+    asr-transcribe talk.mp3 --model tiny.en --output_dir out --output_format srt   # openai-whisper's flags
+
+Arguments are checked before anything heavy is imported: --help and a bad option answer at once.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from pathlib import Path
 import soundfile as sf
 
 from asr_app.audio import is_audio_path
-from asr_app.cli.common import add_model_args, load_decoder_or_report
+from asr_app.cli.common import add_model_args, check_args_or_report, load_decoder_or_report
+from asr_app.cli.progress import Progress
 from asr_app.writers import FORMATS, RENDERERS, output_paths, parse_formats, remove_stale_temps, write_outputs
 
 
@@ -30,10 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="asr-transcribe",
         description="Transcribe audio files or folders (long files in 30 s windows) with speculative Whisper.")
     parser.add_argument("paths", nargs="+", metavar="PATH", help="audio files and/or folders")
-    parser.add_argument("-o", "--output-dir", type=Path, default=None,
+    parser.add_argument("-o", "--output-dir", "--output_dir", dest="output_dir", type=Path, default=None,
                         help="write outputs here (default: print the transcript to stdout)")
-    parser.add_argument("--format", default="txt", metavar="FMT",
+    parser.add_argument("-f", "--format", "--output_format", dest="format", default="txt", metavar="FMT",
                         help=f"comma-separated subset of {','.join(FORMATS)}, or 'all' (default: txt)")
+    parser.add_argument("--initial_prompt", "--initial-prompt", default=None,
+                        help="text to condition the first window on (names, spellings, style)")
     parser.add_argument("--recursive", action="store_true", help="descend into sub-folders")
     parser.add_argument("--skip-existing", action="store_true",
                         help="skip files whose outputs all exist already (resume an interrupted run)")
@@ -42,10 +48,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-fallback", action="store_true",
                         help="no temperature fallback (by default a window that loops or is improbable is decoded "
                              "again at T = 0.2 ... 1.0, as Whisper does)")
+    parser.add_argument("--temperature_increment_on_fallback", "--temperature-increment-on-fallback", type=float,
+                        default=0.2, help="fallback temperature step when --temperature is one number (default 0.2)")
     add_model_args(parser)
-    if "--language" not in parser._option_string_actions:  # common.py may or may not define it
-        parser.add_argument("--language", default="en", help="spoken language (default en)")
     return parser
+
+
+def fallback_schedule(temperatures: tuple[float, ...], increment: float, enabled: bool) -> tuple[float, ...]:
+    """The temperatures a failed window is retried at: the rest of a given list, or steps of `increment`
+    from the first temperature up to 1.0 (openai/whisper's rule)."""
+    if not enabled:
+        return ()
+    if len(temperatures) > 1:
+        return temperatures[1:]
+    if not 0 < increment <= 1:
+        return ()
+    steps = int(round((1.0 - temperatures[0]) / increment + 1e-9))
+    return tuple(round(temperatures[0] + increment * (i + 1), 6) for i in range(steps))
 
 
 def collect_jobs(paths: list[str], recursive: bool) -> tuple[list[Job], list[str]]:
@@ -75,6 +94,34 @@ def collect_jobs(paths: list[str], recursive: bool) -> tuple[list[Job], list[str
     return jobs, errors
 
 
+def unwritable(folder: Path) -> str | None:
+    """Why outputs cannot be written to `folder` (created if missing), or None when they can."""
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".asr-write-test-"):
+            pass
+    except OSError as exc:
+        return f"cannot write to the output folder {folder}: {exc.strerror or exc}"
+    return None
+
+
+def decoding_summary(decoder, stats: list[dict]) -> str:
+    """One line: how the files were decoded, and how well the draft did."""
+    pair = decoder.pair
+    drafted = sum(s.get("drafted") or 0 for s in stats)
+    accepted = sum(s.get("accepted") or 0 for s in stats)
+    tokens = sum(s.get("tokens_out") or 0 for s in stats)
+    calls = sum(s.get("target_calls") or 0 for s in stats)
+    target = Path(pair.target_name)
+    line = f"decoded with mode {decoder.options.mode}: {target.parent.name + '/' if target.is_dir() else ''}{target.name}"
+    if pair.draft is not None and drafted:
+        line += (f" + {pair.draft_name}; draft acceptance {100 * accepted / drafted:.0f}%, "
+                 f"{tokens / max(calls, 1):.2f} tokens per target call")
+    return line
+
+
 def _duration(path: Path) -> float:
     try:
         return sf.info(str(path)).duration
@@ -91,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if args.batch_size < 1:
         parser.error("--batch-size must be >= 1")
+    if not check_args_or_report(args, "asr-transcribe"):
+        return 2
 
     jobs, failures = collect_jobs(args.paths, args.recursive)
     for message in failures:
@@ -99,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.skip_existing and args.output_dir is None:
         print("warning: --skip-existing has no effect without -o OUTDIR", file=sys.stderr)
     if args.output_dir is not None:
+        problem = unwritable(args.output_dir)
+        if problem:  # before any model loads: nothing could be saved
+            print(f"asr-transcribe: error: {problem}", file=sys.stderr)
+            return 2
         remove_stale_temps(args.output_dir)
         if args.skip_existing:
             todo = [j for j in jobs if not all(p.exists() for p in output_paths(args.output_dir, j.stem, formats))]
@@ -115,39 +168,38 @@ def main(argv: list[str] | None = None) -> int:
     decoder = load_decoder_or_report(args, "asr-transcribe")  # the models load once, here
     if decoder is None:
         return 2
-    decoding = dataclasses.replace(decoder.options, language=args.language)
-    options = TranscribeOptions(decoding=decoding, batch_size=args.batch_size,
-                                **({"temperature_fallback": ()} if args.no_fallback else {}))
+    fallback = fallback_schedule(args.temperature, args.temperature_increment_on_fallback, not args.no_fallback)
+    options = TranscribeOptions(decoding=decoder.options, batch_size=args.batch_size, temperature_fallback=fallback,
+                                initial_prompt=args.initial_prompt)
 
-    from tqdm import tqdm
-
-    total_audio = sum(_duration(j.path) for j in jobs)
-    bar = tqdm(total=total_audio, unit="s", unit_scale=False, desc="audio", disable=args.quiet,
-               file=sys.stderr, bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} s audio "
-                                           "[{elapsed}<{remaining}, {rate_fmt}]")
+    durations = {i: _duration(j.path) for i, j in enumerate(jobs)}
+    progress = Progress(sum(durations.values()), enabled=not args.quiet)
     started = time.perf_counter()
     done = 0
-    by_key = {i: j for i, j in enumerate(jobs)}
-    items = ((i, j.path) for i, j in by_key.items())
-    for key, outcome in transcribe_many(decoder, items, options, on_progress=bar.update):
-        job = by_key[key]
+    decoded: list[dict] = []
+    items = ((i, j.path) for i, j in enumerate(jobs))
+    for key, outcome in transcribe_many(decoder, items, options, on_progress=progress.update):
+        job = jobs[key]
         if isinstance(outcome, Exception):
             failures.append(str(outcome) if str(job.path) in str(outcome) else f"{job.path}: {outcome}")
-            bar.write(f"error: {failures[-1]}", file=sys.stderr)
+            progress.drop(durations[key])
+            progress.write(f"error: {failures[-1]}")
             continue
-        done += 1
         if args.output_dir is not None:
-            write_outputs(outcome, args.output_dir, job.stem, formats)
+            try:
+                write_outputs(outcome, args.output_dir, job.stem, formats)  # all formats or none
+            except OSError as exc:  # a full disk, a folder made read-only meanwhile: this file fails, not the batch
+                failures.append(f"{job.path}: cannot write its outputs to {args.output_dir}: {exc.strerror or exc}")
+                progress.write(f"error: {failures[-1]}")
+                continue
         else:
             header = f"==> {job.path} <==\n" if len(jobs) > 1 else ""
-            bar.clear()
+            progress.clear()
             sys.stdout.write(header + RENDERERS[formats[0]](outcome))
             sys.stdout.flush()
-            bar.refresh()
-    if not failures:
-        bar.n = bar.total  # header durations and decoded lengths differ by resampling rounding
-        bar.refresh()
-    bar.close()
+        done += 1
+        decoded.append(outcome.stats)
+    progress.close()
 
     elapsed = time.perf_counter() - started
     summary = f"{done} transcribed, {len(failures)} failed"
@@ -155,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         summary += f", {skipped} skipped (outputs exist)"
     print(f"{summary} in {elapsed:.1f} s" + (f" -> {args.output_dir}" if args.output_dir else ""),
           file=sys.stderr)
+    if decoded:
+        print(decoding_summary(decoder, decoded), file=sys.stderr)
     if failures:
         print("failed:\n" + "\n".join(f"  {m}" for m in failures), file=sys.stderr)
         return 1

@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(parser)
     # The evaluator's default comparison is the paper's: sampling at temperature 1.0. It compares the
     # modes given by --modes, so the shared single --mode is hidden (and refused when given).
-    parser.set_defaults(temperature=1.0, mode=None)
+    parser.set_defaults(temperature=(1.0,), mode=None)
     for action in parser._actions:
         if action.dest == "temperature":
             action.help = "sampling temperature (default 1.0, the paper's comparison); 0 = greedy"
@@ -101,13 +101,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-samples must be >= 1")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         parser.error("--max-new-tokens must be >= 1")
+
+    from asr_app.cli.common import check_args_or_report, load_decoder_or_report
+
+    if not check_args_or_report(args, "asr-eval"):
+        return 2
     try:
         utterances = load_dataset(args.dataset, args.data_dir, split=args.split, max_samples=args.max_samples)
     except DatasetError as exc:
         print(f"asr-eval: error: {exc}", file=sys.stderr)
         return 2
-
-    from asr_app.cli.common import load_decoder_or_report
 
     decoder = load_decoder_or_report(args, "asr-eval")  # the models load once, here
     if decoder is None:

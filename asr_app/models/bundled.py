@@ -18,7 +18,6 @@ from transformers import GenerationConfig, WhisperConfig, WhisperForCausalLM
 
 from asr_app.models.errors import ModelLoadError
 
-BUNDLED = "bundled"  # the --draft value that names it
 BUNDLE_DIR = Path(__file__).with_name("data") / "distil-tiny.en-draft"
 WEIGHTS = BUNDLE_DIR / "draft.safetensors"
 

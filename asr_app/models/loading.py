@@ -15,16 +15,18 @@ from transformers import (
     WhisperForConditionalGeneration,
     WhisperProcessor,
 )
+from transformers.utils import logging as hf_logging
 
 from asr_app.models import ct2
-from asr_app.models.bundled import BUNDLED, is_tiny_en, load_bundled_draft
-from asr_app.models.defaults import choose_default
+from asr_app.models.bundled import is_tiny_en, load_bundled_draft
+from asr_app.models.defaults import choose_default, hub_offline, hub_reachable, is_cached
 from asr_app.models.derive import derive_draft
 from asr_app.models.device import resolve_device, resolve_draft_dtype, resolve_dtype
 from asr_app.models.errors import ModelLoadError
-from asr_app.models.presets import PRESETS, preset_for_target
+from asr_app.models.presets import BUNDLED, PRESETS, preset_for_target
 
 log = logging.getLogger(__name__)
+HUB_CHECK_S = 1.5  # how long an uncached hub id may wait for the hub to answer
 
 # Vocabulary sizes that identify a Whisper family; used to make mismatch errors readable.
 _VOCAB_FAMILIES = {51864: "English-only (*.en)", 51865: "multilingual v1/v2", 51866: "multilingual large-v3"}
@@ -74,43 +76,64 @@ def _check_local(spec: str, role: str) -> Path | None:
     return None
 
 
-def _load_config(spec: str, role: str) -> WhisperConfig:
+def _source(spec: str, role: str) -> tuple[Path | None, dict]:
+    """(local folder or None, from_pretrained keywords). A hub id is read from the local cache when it is
+    there; otherwise the hub must answer within HUB_CHECK_S, so an unreachable hub fails in a second or
+    two with one line instead of after the hub client's retries."""
+    local = _check_local(spec, role)
+    if local is not None:
+        if not (local / "config.json").is_file():
+            raise ModelLoadError(f"{role} model folder '{spec}' has no config.json: not a transformers Whisper "
+                                 "checkpoint (nor a CTranslate2 one: no model.bin)")
+        return local, {}
+    if is_cached(spec, role):
+        return None, {"local_files_only": True}
+    if hub_offline() or not hub_reachable(HUB_CHECK_S):
+        raise _not_found(spec, role, ConnectionError("the Hugging Face Hub cannot be reached"))
+    return None, {}
+
+
+def _from_pretrained(cls, spec: str, role: str, **kwargs):
+    """cls.from_pretrained with the errors a user can act on turned into one clear ModelLoadError."""
     try:
-        config = WhisperConfig.from_pretrained(spec)
-    except (OSError, ValueError) as err:
+        return cls.from_pretrained(spec, **kwargs)
+    except OSError as err:
         raise _not_found(spec, role, err) from err
+    except Exception as err:  # noqa: BLE001 - safetensors, torch and transformers raise their own kinds
+        first = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        raise ModelLoadError(f"{role} model '{spec}' cannot be read (a corrupt or truncated file?): {first}") from err
+
+
+def _load_config(spec: str, role: str, **kwargs) -> WhisperConfig:
+    config = _from_pretrained(WhisperConfig, spec, role, **kwargs)
     if getattr(config, "model_type", None) != "whisper":
         raise ModelLoadError(f"{role} model '{spec}' is not a Whisper model (model_type={config.model_type!r})")
     return config
 
 
+def _is_decoder_only(config: WhisperConfig) -> bool:
+    # Distil-Whisper drafts saved as decoder-only are WhisperForCausalLM (is_encoder_decoder False).
+    return "WhisperForCausalLM" in (config.architectures or []) or not config.is_encoder_decoder
+
+
 def _load_target(spec: str, device: torch.device, dtype: torch.dtype):
-    local = _check_local(spec, "target")
-    if local is not None and (local / "model.bin").is_file():
-        if ct2.is_ct2_dir(local):
-            return ct2.load_ct2_whisper(local, dtype, device)
-    _load_config(spec, "target")
-    try:
-        model = WhisperForConditionalGeneration.from_pretrained(spec, dtype=dtype)
-        processor = WhisperProcessor.from_pretrained(spec)
-    except OSError as err:
-        raise _not_found(spec, "target", err) from err
-    return model, processor
+    if ct2.is_ct2_dir(Path(spec).expanduser()):
+        return ct2.load_ct2_whisper(Path(spec).expanduser(), dtype, device)
+    _, kwargs = _source(spec, "target")
+    if _is_decoder_only(_load_config(spec, "target", **kwargs)):
+        raise ModelLoadError(f"target model '{spec}' is a decoder-only draft (it has no encoder): were --target "
+                             "and --draft swapped?")
+    model = _from_pretrained(WhisperForConditionalGeneration, spec, "target", dtype=dtype, **kwargs)
+    return model, _from_pretrained(WhisperProcessor, spec, "target", **kwargs)
 
 
 def _load_draft(spec: str, device: torch.device, dtype: torch.dtype):
-    local = _check_local(spec, "draft")
-    if local is not None and (local / "model.bin").is_file():
-        if ct2.is_ct2_dir(local):
-            return ct2.load_ct2_whisper(local, dtype, device)[0]
-    config = _load_config(spec, "draft")
-    # Distil-Whisper drafts saved as decoder-only are WhisperForCausalLM (is_encoder_decoder False).
-    decoder_only = "WhisperForCausalLM" in (config.architectures or []) or not config.is_encoder_decoder
-    cls = WhisperForCausalLM if decoder_only else WhisperForConditionalGeneration
-    try:
-        return cls.from_pretrained(spec, dtype=dtype)
-    except OSError as err:
-        raise _not_found(spec, "draft", err) from err
+    if ct2.is_ct2_dir(Path(spec).expanduser()):
+        return ct2.load_ct2_whisper(Path(spec).expanduser(), dtype, device)[0]
+    _, kwargs = _source(spec, "draft")
+    config = _load_config(spec, "draft", **kwargs)
+    cls = WhisperForCausalLM if _is_decoder_only(config) else WhisperForConditionalGeneration
+    return _from_pretrained(cls, spec, "draft", dtype=dtype, **kwargs)
 
 
 def _n_params(model: torch.nn.Module) -> int:
@@ -215,6 +238,7 @@ def load_pair(
     none; `None`/"none": target-only; "derived": decoder layers (0, last) of the target; "bundled": the
     distilled tiny.en draft shipped in the package. `draft_dtype`: the draft's own dtype (default: the
     target's; see `resolve_draft_dtype`)."""
+    hf_logging.disable_progress_bar()  # transformers' per-file "Loading weights" bars: noise for our users
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     draft_dt = resolve_draft_dtype(draft_dtype, dev, dt)

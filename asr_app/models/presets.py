@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+BUNDLED = "bundled"  # the draft value that names the distilled tiny.en draft shipped in the package
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -13,7 +15,7 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    "tiny.en": Preset("tiny.en", "openai/whisper-tiny.en", "bundled"),  # the draft shipped in this package
+    "tiny.en": Preset("tiny.en", "openai/whisper-tiny.en", BUNDLED),
     "small.en": Preset("small.en", "openai/whisper-small.en", "distil-whisper/distil-small.en"),
     "medium.en": Preset("medium.en", "openai/whisper-medium.en", "distil-whisper/distil-medium.en"),
     "large-v2": Preset("large-v2", "openai/whisper-large-v2", "distil-whisper/distil-large-v2"),
