@@ -161,11 +161,25 @@ def needs_fallback(result: Any, options: TranscribeOptions) -> bool:
     return bool(result.avg_logprob < options.logprob_threshold)  # NaN (mode hf) compares False
 
 
+def _best_attempt(attempts: list[tuple[Any, float]], options: TranscribeOptions) -> tuple[Any, float]:
+    """When every temperature failed: the most probable attempt that is not a repetition loop, else the most
+    probable one (faster-whisper's choice; openai/whisper keeps the last, often the noisiest)."""
+    threshold = options.compression_ratio_threshold
+
+    def score(attempt: tuple[Any, float]) -> float:
+        value = attempt[0].avg_logprob
+        return value if value == value else float("-inf")  # NaN (mode hf) ranks last
+
+    no_loop = [a for a in attempts if threshold is None or compression_ratio(a[0].text) <= threshold]
+    return max(no_loop or attempts, key=score)
+
+
 def _with_fallback(decoder: Any, job: _LongForm, result: Any, decoding: DecodingOptions,
                    options: TranscribeOptions) -> Any:
-    """Decode the job's window again at rising temperatures while the result looks failed; the last
-    result is kept when every temperature fails (as Whisper does)."""
+    """Decode the job's window again at rising temperatures while the result looks failed; when every
+    temperature fails, the most probable attempt is kept (_best_attempt)."""
     temperature = decoding.temperature
+    attempts = [(result, temperature)]
     for retry_temperature in (t for t in options.temperature_fallback if t > decoding.temperature):
         if not needs_fallback(result, options):
             break
@@ -179,6 +193,9 @@ def _with_fallback(decoder: Any, job: _LongForm, result: Any, decoding: Decoding
             job.decode_s += time.perf_counter() - started
         job.fallbacks += 1
         temperature = retry_temperature
+        attempts.append((result, temperature))
+    if len(attempts) > 1 and needs_fallback(result, options):
+        result, temperature = _best_attempt(attempts, options)
     job.temperatures.append(temperature)
     return result
 
@@ -328,8 +345,19 @@ def _advance(job: _LongForm, result: Any, ts_begin: int, decode_text: Callable[[
     job.seek += min(window_samples, max(1, int(round(advance * SAMPLE_RATE))))
 
 
+def _language(job: _LongForm, decoding: DecodingOptions) -> tuple[str | None, float | None]:
+    """The language given, or the one detected on the first window with speech (multilingual models detect
+    it per 30 s window; the first one names the file, as openai/whisper does)."""
+    for result in job.results:
+        if getattr(result, "language_probability", None) is not None and result.no_speech_prob < 0.5:
+            return result.language, result.language_probability
+    first = job.results[0] if job.results else None
+    return (getattr(first, "language", None) or decoding.language), getattr(first, "language_probability", None)
+
+
 def _finish(job: _LongForm, decoder: Any, decoding: DecodingOptions) -> Transcript:
     duration = len(job.audio) / SAMPLE_RATE
+    language, language_probability = _language(job, decoding)
     total = time.perf_counter() - job.started + getattr(job, "load_s", 0.0)
     pair = decoder.pair
     return Transcript(
@@ -337,14 +365,14 @@ def _finish(job: _LongForm, decoder: Any, decoding: DecodingOptions) -> Transcri
         duration=round(duration, 3),
         text=" ".join(s.text for s in job.segments).strip(),
         segments=job.segments,
-        language=decoding.language,
+        language=language,
         mode=decoding.mode,
         model={"target": getattr(pair, "target_name", None), "draft": getattr(pair, "draft_name", None),
                "device": str(getattr(pair, "device", "")), "dtype": str(getattr(pair, "dtype", "")).removeprefix("torch.")},
         timings={"load_s": round(getattr(job, "load_s", 0.0), 4), "decode_s": round(job.decode_s, 4),
                  "total_s": round(total, 4), "rtf": round(job.decode_s / duration, 4) if duration else 0.0},
         stats={**_aggregate_stats(job.results, decoding.mode), "temperature_fallbacks": job.fallbacks,
-               "window_temperatures": job.temperatures},
+               "window_temperatures": job.temperatures, "language_probability": language_probability},
     )
 
 

@@ -108,13 +108,20 @@ def test_cost_aware_gamma_drafts_only_where_it_pays():
     assert learning.acceptance.value < 0.3
 
 
-def test_decoder_measures_costs_and_picks_the_policy(tiny_en_pair):
+def test_decoder_measures_costs_and_picks_the_policy(tiny_en_pair, monkeypatch):
     from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+    from asr_app.decoding.costs import PINNED_ENV
 
+    monkeypatch.delenv(PINNED_ENV)  # conftest pins them for repeatable tests: measure for real here
     decoder = SpeculativeDecoder(tiny_en_pair)
     costs = decoder.step_costs
     assert 0 < costs.draft < costs.target and costs.per_token >= 0
     assert decoder.step_costs is costs  # measured once
+    monkeypatch.setenv(PINNED_ENV, "0.001,0.004,0.0005")
+    assert SpeculativeDecoder(tiny_en_pair).step_costs == StepCosts(0.001, 0.004, 0.0005)
+    monkeypatch.setenv(PINNED_ENV, "fast")
+    with pytest.raises(ValueError, match=PINNED_ENV):
+        _ = SpeculativeDecoder(tiny_en_pair).step_costs
     assert isinstance(decoder._gamma_policy(DecodingOptions(mode="exact"), True), CostAwareGamma)
     # a seeded sampled decode must not depend on timings: it keeps transformers' schedule
     assert isinstance(decoder._gamma_policy(DecodingOptions(mode="exact", temperature=0.5), True), GammaPolicy)

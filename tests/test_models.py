@@ -126,7 +126,7 @@ def test_bad_names_and_options():
     assert resolve_dtype(None, torch.device("cuda")) == torch.float16
     assert resolve_dtype("bf16", torch.device("cpu")) == torch.bfloat16
     assert PRESETS["large-v3"].draft == "distil-whisper/distil-large-v3"
-    assert set(PRESETS) == {"tiny.en", "small.en", "medium.en", "large-v2", "large-v3"}
+    assert set(PRESETS) == {"tiny.en", "base", "small.en", "medium.en", "large-v2", "large-v3"}
     assert PRESETS["tiny.en"].draft == "bundled"
 
 

@@ -12,6 +12,7 @@ from asr_app.decoding.options import DEFAULT_DRAFT_VOCAB, MODES, DecodingOptions
 from asr_app.languages import language_code
 from asr_app.models.defaults import hub_offline, hub_reachable, is_cached
 from asr_app.models.errors import ModelLoadError
+from asr_app.models.offline import PACKAGED
 from asr_app.models.presets import PRESETS
 
 MAX_TEMPERATURE = 1.0  # Whisper's fallback schedule ends here; far above it a model emits noise
@@ -110,8 +111,9 @@ def check_args(args: argparse.Namespace) -> None:
     named = args.pair or args.target or ""
     if named.rstrip("/").endswith(".en"):  # presets and OpenAI's English-only checkpoints say so in their name
         _check_english_only(args, named)
-    if args.target:
-        check_reachable(args.target)
+    target = args.target or (PRESETS[args.pair].target if args.pair in PRESETS else None)
+    if target:
+        check_reachable(target)
 
 
 HUB_CHECK_S = 1.5
@@ -122,6 +124,8 @@ def check_reachable(spec: str) -> None:
     path = Path(spec).expanduser()
     if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1:
         return  # a local path (its problems are reported when it loads)
+    if spec in PACKAGED:
+        return  # an installed extra holds it when the hub cannot (models/offline.py)
     if not is_cached(spec) and (hub_offline() or not hub_reachable(HUB_CHECK_S)):
         why = "HF_HUB_OFFLINE is set" if hub_offline() else "the Hugging Face Hub cannot be reached"
         raise ModelLoadError(f"model '{spec}' is not in the local Hugging Face cache and {why}; download it once "

@@ -9,6 +9,7 @@ uses the same timer for its per-step table.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -91,8 +92,19 @@ class StepTimer:
         return self._timed(run)
 
 
+PINNED_ENV = "ASR_APP_STEP_COSTS"  # "draft,target,per_token" in seconds: fixed costs instead of measured ones
+
+
 def measure_step_costs(decoder, repeats: int = 5) -> StepCosts:
-    """Seconds per draft step and per target step (1 token, and per extra token) for `decoder`."""
+    """Seconds per draft step and per target step (1 token, and per extra token) for `decoder`. Set
+    ASR_APP_STEP_COSTS to pin them (repeatable gamma choices for tests and comparisons across machines)."""
+    pinned = os.environ.get(PINNED_ENV)
+    if pinned:
+        try:
+            draft, target, per_token = (float(v) for v in pinned.split(","))
+        except ValueError:
+            raise ValueError(f"{PINNED_ENV} must be 'draft,target,per_token' in seconds, got {pinned!r}") from None
+        return StepCosts(draft, target, per_token)
     timer = StepTimer(decoder, repeats)
     one, wide = timer.target(1), timer.target(GAMMA + 1)
     return StepCosts(draft=timer.draft(), target=one, per_token=max(0.0, (wide - one) / GAMMA))

@@ -48,6 +48,7 @@ class SpeculativeDecoder:
         self.no_speech_id = gc.no_timestamps_token_id - 1  # <|nospeech|> (<|nocaptions|> in .en models)
         self.vocab = self.target.config.vocab_size
         self.max_positions = self.target.config.max_target_positions
+        self._multilingual = bool(getattr(gc, "is_multilingual", False))
         self.graph_mode = runtime.graph_mode(pair.device)
         self.target_runtime = DecoderRuntime.from_model(self.target)
         self.draft_runtime = None
@@ -154,7 +155,9 @@ class SpeculativeDecoder:
         return self._result(tokens, float("nan"), float("nan"), stats, opts, window)
 
     def _result(self, tokens, no_speech, avg_logprob, stats, opts, window) -> DecodingResult:
+        language = opts.language.strip("<|>") if opts.language else ("en" if not self._multilingual else None)
         return DecodingResult(
+            language=language,
             tokens=tokens,
             text=decode_text(self.tokenizer, tokens, self.eos),
             segments=split_segments(self.tokenizer, tokens, self.eos,
@@ -244,6 +247,9 @@ class SpeculativeDecoder:
         steps = Steps(self.target_runtime, self.draft_runtime if speculative else None, workspace,
                       self._rules_for(opts.timestamps, False),
                       self._rules_for(opts.timestamps, True) if speculative else None, opts, generator)
+        detected = self._detect_languages(workspace) if prompts[0].detect_language else None
+        if detected is not None:
+            prompts = [p.with_language(token) for p, (token, _) in zip(prompts, detected)]
         loop = SpeculativeLoop(steps, opts, self.eos, max_len, prompts[0].sot_index, self.no_speech_id, generator,
                                policy)
         shared = self.pair.shared_encoder if speculative else False
@@ -269,5 +275,25 @@ class SpeculativeDecoder:
             st.finalise()
             count = state.logprob_count[r]
             avg = state.logprob_sum[r] / count if count else float("nan")
-            results.append(self._result(state.out_tokens[r], no_speech[r], avg, st, opts, windows[r]))
+            result = self._result(state.out_tokens[r], no_speech[r], avg, st, opts, windows[r])
+            if detected is not None:
+                result.language, result.language_probability = self._language_code(detected[r][0]), detected[r][1]
+            results.append(result)
         return results
+
+    def _detect_languages(self, workspace: Workspace) -> list[tuple[int, float]]:
+        """(language token, probability) per row, as openai/whisper detects it: the target's scores after
+        <|startoftranscript|> alone, over the language tokens only. Scored in the window's own cache, then
+        rolled back, so the encoder output and the cross-attention keys are reused."""
+        gc = self.generation_config
+        ids = torch.tensor(sorted(gc.lang_to_id.values()), device=self.pair.device)
+        sot = torch.full((workspace.target.batch, 1), gc.decoder_start_token_id, dtype=torch.long,
+                         device=self.pair.device)
+        hidden = self.target_runtime.step(workspace.target, sot)
+        workspace.target.rollback(0)
+        probs = torch.softmax(self.target_runtime.logits(hidden)[:, -1, ids].float(), dim=-1)
+        best = probs.max(dim=-1)
+        return [(int(ids[i]), float(p)) for i, p in zip(best.indices.tolist(), best.values.tolist())]
+
+    def _language_code(self, token: int) -> str:
+        return next(key for key, value in self.generation_config.lang_to_id.items() if value == token).strip("<|>")

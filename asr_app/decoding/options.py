@@ -107,3 +107,5 @@ class DecodingResult:
     no_speech_prob: float  # target's P(<|nospeech|>) at the first position
     avg_logprob: float  # mean target log-prob of the emitted tokens (EOS included)
     stats: DecodingStats
+    language: str | None = None  # the spoken language's code: as given, or detected (multilingual models)
+    language_probability: float | None = None  # the detection's probability (None when it was given)

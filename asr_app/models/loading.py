@@ -23,6 +23,7 @@ from asr_app.models.defaults import choose_default, hub_offline, hub_reachable, 
 from asr_app.models.derive import derive_draft
 from asr_app.models.device import resolve_device, resolve_draft_dtype, resolve_dtype
 from asr_app.models.errors import ModelLoadError
+from asr_app.models.offline import PACKAGED
 from asr_app.models.presets import BUNDLED, PRESETS, preset_for_target
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,17 @@ def _load_config(spec: str, role: str, **kwargs) -> WhisperConfig:
 def _is_decoder_only(config: WhisperConfig) -> bool:
     # Distil-Whisper drafts saved as decoder-only are WhisperForCausalLM (is_encoder_decoder False).
     return "WhisperForCausalLM" in (config.architectures or []) or not config.is_encoder_decoder
+
+
+def packaged_fallback(spec: str) -> Path | None:
+    """The folder an installed extra holds for hub id `spec`, when the hub cannot give it (not cached and
+    offline or unreachable); None otherwise."""
+    find = PACKAGED.get(spec)
+    if find is None or _check_local(spec, "target") is not None or is_cached(spec):
+        return None
+    if not hub_offline() and hub_reachable(HUB_CHECK_S):
+        return None
+    return find()
 
 
 def _load_target(spec: str, device: torch.device, dtype: torch.dtype):
@@ -243,6 +255,11 @@ def load_pair(
     dt = resolve_dtype(dtype, dev)
     draft_dt = resolve_draft_dtype(draft_dtype, dev, dt)
     target_name, draft_spec = _names(pair, target, draft, dev)
+    fallback = packaged_fallback(target_name)
+    if fallback is not None:
+        log.warning("%s is not cached and the hub is out of reach: using the copy installed from PyPI (%s)",
+                    target_name, fallback)
+        target_name = str(fallback)
     target_model, processor = _load_target(target_name, dev, dt)
     target_model = target_model.to(device=dev, dtype=dt).eval()
     draft_model, draft_name = _build_draft(draft_spec, target_model, target_name, dev, dt)

@@ -16,6 +16,7 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     "tiny.en": Preset("tiny.en", "openai/whisper-tiny.en", BUNDLED),
+    "base": Preset("base", "openai/whisper-base", None),  # multilingual; no distilled draft exists for it
     "small.en": Preset("small.en", "openai/whisper-small.en", "distil-whisper/distil-small.en"),
     "medium.en": Preset("medium.en", "openai/whisper-medium.en", "distil-whisper/distil-medium.en"),
     "large-v2": Preset("large-v2", "openai/whisper-large-v2", "distil-whisper/distil-large-v2"),
