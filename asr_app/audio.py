@@ -2,7 +2,7 @@
 
 Everything that reaches the feature extractor goes through `prepare_audio`, so it is
 always one channel at 16 kHz with finite float32 samples: Whisper's feature extractor
-reads an (N, 2) array as N clips (see DESIGN.md, known traps).
+reads an (N, 2) array as N clips (docs/ARCHITECTURE.md, "Traps").
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import soundfile as sf
 import soxr
 
 SAMPLE_RATE = 16_000
+WINDOW_SECONDS = 30.0  # Whisper's window: the encoder always sees 30 s (docs/ARCHITECTURE.md)
 # Extensions libsndfile decodes; `asr-transcribe` only picks these up from folders.
 AUDIO_EXTENSIONS = frozenset({".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au", ".caf"})
 

@@ -23,7 +23,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from asr_app.audio import SAMPLE_RATE, SILENCE_RMS, peak_frame_rms, prepare_audio
+from asr_app.audio import SAMPLE_RATE, SILENCE_RMS, WINDOW_SECONDS, peak_frame_rms, prepare_audio
+from asr_app.decoding.options import DecodingOptions
+from asr_app.decoding.protocol import Decoder
+from asr_app.decoding.silence import LOGPROB_THRESHOLD, NO_SPEECH_THRESHOLD, judged_silent
 
 _NORMALISE = re.compile(r"[^\w']+")
 
@@ -143,13 +146,13 @@ class LocalAgreement:
 class StreamingOptions:
     step_s: float = 1.0               # re-decode after this much new audio
     trim_s: float = 15.0              # once the buffer is longer, cut it at a committed segment end
-    max_buffer_s: float = 30.0        # hard cap (Whisper's window); forces a cut when reached
+    max_buffer_s: float = WINDOW_SECONDS  # hard cap (Whisper's window); forces a cut when reached
     prompt_chars: int = 200           # committed text before the buffer, passed as the decoder prompt
-    no_speech_threshold: float = 0.6  # Whisper's rule: no speech if P(nospeech) > this ...
-    logprob_threshold: float = -1.0   # ... and the mean log-prob is below this
+    no_speech_threshold: float = NO_SPEECH_THRESHOLD  # Whisper's no-speech rule (decoding/silence.py)
+    logprob_threshold: float = LOGPROB_THRESHOLD
     energy_threshold: float = SILENCE_RMS  # RMS (of 30 ms frames) below which the whole buffer is silence
     reuse_hypothesis: bool = True     # offer the previous decode of the buffer as a hint (same result, faster)
-    decoding: Any = None              # DecodingOptions; None = the decoder's own, with timestamps on
+    decoding: DecodingOptions | None = None  # None = the decoder's own, with timestamps on
 
 
 @dataclass
@@ -183,9 +186,9 @@ class StepRecord:
 class StreamingProcessor:
     """insert_audio(chunk) as audio arrives; process() after each chunk; finish() at the end."""
 
-    def __init__(self, decoder: Any, options: StreamingOptions = StreamingOptions(),
+    def __init__(self, decoder: Decoder, options: StreamingOptions = StreamingOptions(),
                  clock: Callable[[], float] = time.monotonic):
-        if options.max_buffer_s > 30.0 or options.step_s <= 0:
+        if options.max_buffer_s > WINDOW_SECONDS or options.step_s <= 0:
             raise ValueError("need 0 < step_s and max_buffer_s <= 30 (Whisper's window)")
         self.decoder = decoder
         self.options = options
@@ -305,8 +308,7 @@ class StreamingProcessor:
                 hint = tokens
         result = self.decoder.decode([self._buffer], self.decoding, prompts=[prompt], hints=[hint])[0]
         self._previous = (list(result.tokens), self._buffer_start, prompt)
-        if (result.no_speech_prob > self.options.no_speech_threshold
-                and result.avg_logprob < self.options.logprob_threshold):
+        if judged_silent(result, self.options.no_speech_threshold, self.options.logprob_threshold):
             return [], [], True, result.stats
         words = words_from_segments(result.segments, self._buffer_start, self.buffer_seconds)
         return words, list(result.segments), False, result.stats

@@ -5,12 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from asr_app.transcribe import Transcript
 
 from asr_app.fileio import TEMP_PREFIX, write_all_atomic
+from asr_app.transcript import Transcript
 
 FORMATS = ("txt", "srt", "vtt", "tsv", "json")
 
@@ -97,16 +94,3 @@ def remove_stale_temps(out_dir: str | Path) -> list[Path]:
     for p in stale:
         p.unlink(missing_ok=True)
     return stale
-
-
-def jsonable(value: Any) -> Any:
-    """Dataclass/NumPy values -> plain JSON types (used by Transcript.to_dict)."""
-    if hasattr(value, "__dataclass_fields__"):
-        return {k: jsonable(getattr(value, k)) for k in value.__dataclass_fields__}
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if hasattr(value, "item") and callable(value.item):
-        return value.item()
-    return value

@@ -16,28 +16,20 @@ import copy
 import json
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
-import soxr
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from asr_app.audio import load_audio
+from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+from asr_app.models import ModelPair, load_pair
 
-from asr_app.decoding import DecodingOptions, SpeculativeDecoder  # noqa: E402
-from asr_app.models import ModelPair, load_pair  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SHARED = REPO.parent / "shared"
 MODES = ("off", "hf", "baseline", "exact", "sigmoid")
-
-
-def load_clip(path: Path) -> np.ndarray:
-    x, sr = sf.read(str(path), dtype="float32", always_2d=True)
-    return soxr.resample(x.mean(axis=1), sr, 16_000).astype(np.float32)
 
 
 def pick_clips(n: int) -> list[tuple[str, np.ndarray]]:
@@ -48,7 +40,7 @@ def pick_clips(n: int) -> list[tuple[str, np.ndarray]]:
     files += sorted((SHARED / "audio" / "librispeech-test-other-audio").rglob("*.flac"))
     clips = []
     for f in files:
-        audio = load_clip(f)
+        audio = load_audio(f)
         if len(audio) <= 30 * 16_000:
             clips.append((f.name, audio))
         if len(clips) == n:

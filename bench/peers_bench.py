@@ -29,9 +29,9 @@ import torch
 
 from asr_app.audio import load_audio
 from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
-from asr_app.eval.wer import corpus_wer, english_normalizer, spelling_map_from_dir
 from asr_app.models import load_pair
 from asr_app.models.defaults import offline_model_dir
+from asr_app.wer import corpus_wer, english_normalizer, spelling_map_from_dir
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

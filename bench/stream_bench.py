@@ -34,14 +34,14 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from asr_app.audio import SAMPLE_RATE, FileSource, load_audio
+from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+from asr_app.longform import transcribe
+from asr_app.models import load_pair
+from asr_app.streaming import StreamingOptions, StreamingProcessor, latency_report
+from asr_app.wer import corpus_wer
 
-from asr_app.audio import SAMPLE_RATE, FileSource, load_audio  # noqa: E402
-from asr_app.decoding import DecodingOptions, SpeculativeDecoder  # noqa: E402
-from asr_app.models import load_pair  # noqa: E402
-from asr_app.streaming import StreamingOptions, StreamingProcessor, latency_report  # noqa: E402
-from asr_app.transcribe import transcribe  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SHARED = Path(os.environ.get("ASR_SHARED_DIR", REPO.parent / "shared"))
 LIBRI = SHARED / "audio" / "librispeech" / "LibriSpeech" / "test-clean" / "1089"
@@ -73,11 +73,8 @@ def reference_text(path: Path) -> str | None:
 
 
 def wer(refs: list[str], hyps: list[str], normalise) -> float:
-    import jiwer
-
-    pairs = [(normalise(r), normalise(h)) for r, h in zip(refs, hyps)]
-    pairs = [(r, h) for r, h in pairs if r.strip()]
-    return jiwer.wer([r for r, _ in pairs], [h for _, h in pairs]) if pairs else float("nan")
+    value = corpus_wer([normalise(r) for r in refs], [normalise(h) for h in hyps]).wer
+    return float("nan") if value is None else value
 
 
 class CpuClock:
@@ -142,7 +139,7 @@ def stream_clip(decoder, audio: np.ndarray, options: StreamingOptions, pacing: s
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from asr_app.eval.wer import english_normalizer
+    from asr_app.wer import english_normalizer
 
     normalise = english_normalizer()
     pair = load_pair(target=args.target, draft=args.draft, device=args.device, dtype=args.dtype)

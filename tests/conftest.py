@@ -95,10 +95,10 @@ def export_test_models() -> None:
 
     import torch
 
-    from asr_app.eval.wer import PACKAGED_SPELLING
     from asr_app.models.bundled import load_bundled_draft
     from asr_app.models.ct2 import load_ct2_whisper
     from asr_app.models.defaults import offline_model_dir
+    from asr_app.wer import PACKAGED_SPELLING
 
     stamp = MODELS_DIR / "sources.txt"
     if stamp.is_file() and stamp.read_text() == _sources_stamp():

@@ -17,12 +17,12 @@ import pytest
 from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, REPO_ROOT, TINY_EN_DIR, lj_clip
 
 from asr_app import fileio
+from asr_app.arguments import add_model_args, check_args, parse_temperatures
 from asr_app.cli import transcribe as cli
-from asr_app.cli.common import add_model_args, check_args, parse_temperatures
 from asr_app.decoding import Segment
 from asr_app.languages import LANGUAGES, language_code
+from asr_app.longform import Transcript
 from asr_app.models import ModelLoadError, load_pair
-from asr_app.transcribe import Transcript
 from asr_app.writers import to_tsv
 
 MODEL_ARGS = ["--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR), "--device", "cpu", "--threads", "1"]
@@ -37,7 +37,7 @@ def run_cli(*argv: str, env: dict | None = None, timeout: int = 300) -> subproce
 
 def test_parsing_and_help_import_neither_torch_nor_transformers():
     # --help must answer at once: the command-line modules import the heavy libraries only after parsing.
-    code = ("import sys, asr_app.cli.transcribe, asr_app.cli.stream, asr_app.cli.common;"
+    code = ("import sys, asr_app.cli.transcribe, asr_app.cli.stream, asr_app.arguments;"
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
@@ -204,7 +204,7 @@ def test_corrupt_empty_and_swapped_checkpoints_are_clear_errors(tmp_path):
 
 
 def test_initial_prompt_leads_every_windows_prompt():
-    from asr_app.transcribe import TranscribeOptions, _LongForm
+    from asr_app.longform import TranscribeOptions, _LongForm
 
     job = _LongForm("k", "x", __import__("numpy").zeros(16_000, dtype="float32"))
     options = TranscribeOptions(initial_prompt="Glossary: Kennedy.")

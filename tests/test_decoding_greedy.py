@@ -261,7 +261,7 @@ def test_stats_and_profiled_verify(processor, tiny_features):
     # one labelled, timed verify per step that drafted (a last step with no room to draft has none)
     assert 0 < len(labelled) == len(st.verify_steps) <= st.target_calls
     assert all(0 < g <= 3 and s > 0 for g, s in st.verify_steps)
-    assert st.drafted == st.draft_calls == sum(g for g, _ in st.verify_steps)
+    assert st.drafted == sum(g for g, _ in st.verify_steps)
     assert 0 <= st.accepted <= st.drafted and st.acceptance_rate == pytest.approx(st.accepted / st.drafted)
     assert st.tokens_out == len(res.tokens) + (1 if st.tokens_out < 20 else 0)
     assert st.tokens_out == st.target_calls + st.accepted  # each step keeps its accepted drafts + one token

@@ -51,7 +51,7 @@ def test_greedy_tokens_do_not_depend_on_the_hint(jfk_cases, mode):
         assert st.target_calls <= most_calls and st.hint_accepted >= fewest_kept, (mode, name, st)
         assert st.hint_steps <= 8 and st.hint_accepted <= st.hinted
         # the draft model's statistics do not count hint tokens
-        assert st.drafted == st.draft_calls and st.accepted <= st.drafted
+        assert st.accepted <= st.drafted
     if mode == "off":  # no draft model: the hint is the whole proposal, so its counts are exact
         assert decoder.decode(audio, opts, hints=[answer[:10]])[0].stats.hint_accepted == 10
     else:  # the draft proposes first and the hint continues where the drafts agree with it

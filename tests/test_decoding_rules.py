@@ -129,3 +129,19 @@ def test_decoder_measures_costs_and_picks_the_policy(tiny_en_pair, monkeypatch):
                       GammaPolicy)
     with pytest.raises(ValueError, match="gamma_policy"):
         DecodingOptions(gamma_policy="fastest")
+
+
+def test_decoding_stats_add_up():
+    from asr_app.decoding.options import DecodingStats
+
+    a = DecodingStats("exact", True, tokens_out=10, target_calls=4, drafted=8, accepted=6, total_s=1.0,
+                      verify_steps=[(3, 0.1)])
+    b = DecodingStats("exact", True, tokens_out=5, target_calls=2, drafted=2, accepted=1, total_s=0.5)
+    total = DecodingStats.total([a, b])
+    assert (total.tokens_out, total.target_calls, total.drafted, total.accepted, total.windows) == (15, 6, 10, 7, 2)
+    assert total.acceptance_rate == pytest.approx(0.7) and total.mean_accepted_per_step == pytest.approx(7 / 6)
+    assert total.total_s == pytest.approx(1.5) and total.verify_steps == [(3, 0.1)]
+    off = DecodingStats.total([DecodingStats("off", False, tokens_out=3, target_calls=3)])
+    assert off.acceptance_rate is None and off.mean_accepted_per_step is None  # nothing drafted: no rate
+    with pytest.raises(ValueError):
+        DecodingStats.total([])

@@ -10,7 +10,7 @@ import pytest
 from conftest import JFK_FLAC, LIBRISPEECH_DIR, LJSPEECH_DIR, TINY_EN_DIR, lj_clip
 
 from asr_app.eval.datasets import DatasetError, load_dataset
-from asr_app.eval.wer import corpus_wer, english_normalizer, spelling_map_from_dir
+from asr_app.wer import corpus_wer, english_normalizer, spelling_map_from_dir
 
 SPLIT_DIR = LIBRISPEECH_DIR / "LibriSpeech" / "test-clean"
 

@@ -11,7 +11,7 @@ from conftest import DISTIL_DRAFT_DIR, LIBRISPEECH_DIR, TINY_EN_DIR
 from asr_app.eval.cli import main
 from asr_app.eval.datasets import load_dataset
 from asr_app.eval.runner import mode_specs, run_evaluation
-from asr_app.eval.wer import english_normalizer, spelling_map_from_dir
+from asr_app.wer import english_normalizer, spelling_map_from_dir
 
 SPLIT = LIBRISPEECH_DIR / "LibriSpeech" / "test-clean"
 SHORT_IDS = ("1089-134686-0001", "1089-134691-0000")  # the two shortest test clips (3.3 s, 2.1 s)

@@ -1,4 +1,4 @@
-"""asr_app.cli.common: the shared model/decoding arguments and the decoder they build."""
+"""asr_app.arguments: the shared model/decoding arguments and the decoder they build."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import pytest
 from conftest import TINY_EN_DIR
 
-from asr_app.cli.common import add_model_args, decoder_from_args, parse_gamma
+from asr_app.arguments import add_model_args, decoder_from_args, parse_gamma
 from asr_app.decoding import RuntimeOptions
 from asr_app.models import ModelLoadError
 

@@ -94,3 +94,16 @@ def test_streaming_a_german_clip(decoder):
     processor.insert_audio(np.zeros(8000, dtype=np.float32))
     processor.finish()
     assert {"guten", "morgen"} <= words(processor.committed_text), processor.committed_text
+
+
+def test_web_app_offers_auto_and_every_language(base_pair):
+    from asr_app.ui.engine import UiEngine
+    from asr_app.ui.file import transcribe_file
+
+    engine = UiEngine(pair=base_pair, base_options=DecodingOptions(mode="off"))
+    assert engine.languages[0] == "auto" and "de" in engine.languages and len(engine.languages) == 101
+    assert engine.options("off", 0.0, "auto").language is None and engine.options("off", 0.0, "es").language == "es"
+    outcome = transcribe_file(engine, str(ESPEAK / "de.flac"), "off", 0.0, "auto")
+    assert {"guten", "morgen"} <= words(outcome.text) and outcome.stats["mode"] == "off", outcome.message
+    forced = transcribe_file(engine, str(ESPEAK / "es.flac"), "off", 0.0, "es")
+    assert "playa" in words(forced.text)

@@ -213,7 +213,7 @@ def stream_cli(monkeypatch, decoder):
     def from_args(args):  # reuse the loaded tiny.en, after checking the CLI asked for it
         assert args.target == str(TINY_EN_DIR) and args.mode == decoder.options.mode
         return decoder
-    monkeypatch.setattr("asr_app.cli.common.decoder_from_args", from_args)
+    monkeypatch.setattr("asr_app.arguments.decoder_from_args", from_args)
     return stream
 
 
@@ -228,8 +228,6 @@ def test_asr_stream_jsonl_events(stream_cli, capsys):
 
 
 def test_asr_stream_ctrl_c_flushes_last_words(stream_cli, capsys, monkeypatch):
-    import asr_app.audio
-
     class InterruptedSource(FileSource):
         """Ctrl-C arrives after 5 s of jfk.flac, while the words are still unconfirmed."""
         def __iter__(self):
@@ -242,7 +240,7 @@ def test_asr_stream_ctrl_c_flushes_last_words(stream_cli, capsys, monkeypatch):
             self.sent = getattr(self, "sent", 0.0) + block.size / SAMPLE_RATE
             return self.sent
 
-    monkeypatch.setattr(asr_app.audio, "FileSource", InterruptedSource)
+    monkeypatch.setattr(stream_cli, "FileSource", InterruptedSource)
     status = stream_cli.main(["--simulate", str(JFK_FLAC), "--fast", "--plain", "--step", "2", *MODEL_ARGS])
     assert status == 0
     text = normalise(capsys.readouterr().out)

@@ -30,7 +30,7 @@ from asr_app.audio import SAMPLE_RATE, AudioLoadError, load_audio
 from asr_app.cli import transcribe as cli
 from asr_app.decoding import Segment
 from asr_app.fileio import write_atomic
-from asr_app.transcribe import (
+from asr_app.longform import (
     TranscribeOptions,
     Transcript,
     compression_ratio,
@@ -61,7 +61,7 @@ def reuse_decoder(monkeypatch, decoder):
     def from_args(args):
         assert args.target == str(TINY_EN_DIR) and args.mode == decoder.options.mode
         return decoder
-    monkeypatch.setattr("asr_app.cli.common.decoder_from_args", from_args)
+    monkeypatch.setattr("asr_app.arguments.decoder_from_args", from_args)
 
 
 # -- Whisper's window segmentation (token logic only) ---------------------------------------
@@ -233,10 +233,36 @@ def test_temperature_fallback_retries_then_drops_the_prompt(decoder):
     assert jiwer.wer(normalise(plain.text), normalise(result.text)) < 0.6, result.text
 
 
+class PromptSilencedDecoder(RecordingDecoder):
+    """The real decoder, except that a window decoded with a prompt comes back judged silent: what a prompt
+    did to 30 s of clear speech in a 2-hour recording (a case too long to decode in a test)."""
+
+    def decode(self, audio, options=None, prompts=None, hints=None):
+        results = super().decode(audio, options, prompts, hints)
+        for result, prompt in zip(results, prompts or [None] * len(results)):
+            if prompt:
+                result.no_speech_prob, result.avg_logprob = 0.9, -1.5
+        return results
+
+
+def test_speech_dropped_for_its_prompt_is_decoded_again_without_it(decoder):
+    from asr_app.decoding import DecodingOptions
+
+    gap = np.zeros(SAMPLE_RATE // 2, dtype=np.float32)
+    parts = [load_audio(lj_clip("LJ001-0001")), gap, load_audio(JFK_FLAC), gap, load_audio(lj_clip("LJ001-0003"))]
+    silenced = PromptSilencedDecoder(decoder)
+    options = TranscribeOptions(decoding=DecodingOptions(mode="off"), temperature_fallback=())
+    result = transcribe(silenced, np.concatenate(parts), options)
+    prompts = [p[0] for _, p in silenced.calls]
+    assert prompts[0] is None and prompts[1] and prompts[2] is None  # window 2 retried without its prompt
+    assert result.stats["prompt_retries"] == 1
+    assert "country" in normalise(result.text) and "exhibition" in normalise(result.text)  # nothing lost
+
+
 def test_when_every_temperature_fails_the_most_probable_attempt_is_kept():
     from types import SimpleNamespace
 
-    from asr_app.transcribe import _best_attempt
+    from asr_app.longform import _best_attempt
 
     def attempt(text, logprob):
         return SimpleNamespace(text=text, avg_logprob=logprob)
@@ -315,7 +341,7 @@ def test_cli_without_output_dir_prints_transcript(capsys, reuse_decoder):
 
 @pytest.mark.parametrize("flag", [[], ["--no-fallback"]])
 def test_cli_fallback_switch(capsys, reuse_decoder, monkeypatch, flag):
-    import asr_app.transcribe as module
+    import asr_app.longform as module
 
     seen = []
     real = module.transcribe_many

@@ -16,10 +16,11 @@ from conftest import JFK_FLAC, LJSPEECH_DIR, lj_clip
 
 from asr_app.decoding import DecodingOptions, SpeculativeDecoder
 from asr_app.streaming import StreamingOptions
-from asr_app.ui_engine import UiEngine
-from asr_app.ui_file import compare_modes, transcribe_file
-from asr_app.ui_live import live_chunk, live_stop
-from asr_app.ui_text import DIFF_CHANGED, DIFF_MISSING, basic_normalize, word_diff, word_error_rate
+from asr_app.ui.engine import UiEngine
+from asr_app.ui.file import compare_modes, transcribe_file
+from asr_app.ui.live import live_chunk, live_stop
+from asr_app.ui.text import DIFF_CHANGED, DIFF_MISSING, word_diff
+from asr_app.wer import basic_normalize, word_error_rate
 
 BROWSER_RATE = 48_000
 CHUNK_S = 0.5
@@ -102,7 +103,7 @@ def test_live_two_sessions_stream_real_speech_isolated(engine):
     assert s1.committed_text in html1 or s1.committed_text.replace("'", "&#x27;") in html1
     # The audio the sessions received is the clips' length (48 kHz stereo -> 16 kHz mono).
     assert s1.audio_s == pytest.approx(sf.info(str(JFK_FLAC)).duration, abs=0.05)
-    acceptance = s1.decoder.usage.acceptance_rate
+    acceptance = s1.decoder.usage.acceptance_rate if s1.decoder.usage else None
     assert acceptance is not None and 0.0 < acceptance <= 1.0
     assert f"{acceptance:.1%}" in figures1
 
@@ -258,3 +259,12 @@ def test_word_diff_marks_changes_and_missing_words():
     assert basic_normalize("Hello, World!") == "hello world"
     with pytest.raises(ValueError):
         word_error_rate("  ", "anything")
+
+
+def test_english_only_model_offers_english_only(engine):
+    assert engine.languages == ("en",)
+    assert engine.options("exact", 0.0, "auto").language == "en" and engine.options("exact", 0.0, "en").language == "en"
+    with pytest.raises(ValueError, match="English-only"):
+        engine.options("exact", 0.0, "fr")
+    outcome = transcribe_file(engine, str(JFK_FLAC), "exact", 0.0, "fr")
+    assert "English-only" in outcome.message and not outcome.text

@@ -26,7 +26,7 @@ import soxr
 from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, REPO_ROOT, TINY_EN_DIR, lj_clip
 from gradio_client import Client, handle_file
 
-from asr_app.ui_text import word_error_rate
+from asr_app.wer import word_error_rate
 
 ARTIFACTS = REPO_ROOT / "artifacts"
 STARTUP_TIMEOUT_S = 240

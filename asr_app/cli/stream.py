@@ -18,7 +18,8 @@ import sys
 import time
 from typing import TextIO
 
-from asr_app.cli.common import add_model_args, check_args_or_report, load_decoder_or_report
+from asr_app.arguments import add_model_args, check_args_or_report, load_decoder_or_report
+from asr_app.audio import AudioLoadError, FileSource, MicrophoneError, MicrophoneSource
 from asr_app.streaming import StreamEvent, StreamingOptions, StreamingProcessor, latency_report
 
 
@@ -82,8 +83,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--step and --block must be positive")
     if not check_args_or_report(args, "asr-stream"):
         return 2
-
-    from asr_app.audio import AudioLoadError, FileSource, MicrophoneError, MicrophoneSource
 
     try:
         if args.simulate:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import soundfile as sf
 
+from asr_app.arguments import add_model_args, check_args_or_report, load_decoder_or_report
 from asr_app.audio import is_audio_path
-from asr_app.cli.common import add_model_args, check_args_or_report, load_decoder_or_report
 from asr_app.cli.progress import Progress
 from asr_app.writers import FORMATS, RENDERERS, output_paths, parse_formats, remove_stale_temps, write_outputs
 
@@ -129,6 +129,65 @@ def _duration(path: Path) -> float:
         return 0.0
 
 
+def _pending(args, formats: list[str], jobs: list[Job]) -> tuple[list[Job], int, str | None]:
+    """(jobs still to do, how many were skipped, a problem that stops the run before any model loads)."""
+    if args.skip_existing and args.output_dir is None:
+        print("warning: --skip-existing has no effect without -o OUTDIR", file=sys.stderr)
+    if args.output_dir is None:
+        return jobs, 0, None
+    problem = unwritable(args.output_dir)
+    if problem:
+        return jobs, 0, problem
+    remove_stale_temps(args.output_dir)
+    if not args.skip_existing:
+        return jobs, 0, None
+    todo = [j for j in jobs if not all(p.exists() for p in output_paths(args.output_dir, j.stem, formats))]
+    return todo, len(jobs) - len(todo), None
+
+
+def _emit(outcome, job: Job, args, formats: list[str], several: bool, progress: Progress) -> str | None:
+    """Write (all formats of the file, or none) or print one transcript; the failure, if writing failed."""
+    if args.output_dir is None:
+        progress.clear()
+        sys.stdout.write((f"==> {job.path} <==\n" if several else "") + RENDERERS[formats[0]](outcome))
+        sys.stdout.flush()
+        return None
+    try:
+        write_outputs(outcome, args.output_dir, job.stem, formats)
+    except OSError as exc:  # a full disk, a folder made read-only meanwhile: this file fails, not the batch
+        return f"{job.path}: cannot write its outputs to {args.output_dir}: {exc.strerror or exc}"
+    return None
+
+
+def _run(decoder, jobs: list[Job], args, formats: list[str], failures: list[str]) -> list[dict]:
+    """Transcribe the jobs, writing each as it finishes; returns the decoded files' statistics."""
+    # Imported here so that argument errors and "nothing to do" stay instant.
+    from asr_app.longform import TranscribeOptions, transcribe_many
+
+    fallback = fallback_schedule(args.temperature, args.temperature_increment_on_fallback, not args.no_fallback)
+    options = TranscribeOptions(decoding=decoder.options, batch_size=args.batch_size, temperature_fallback=fallback,
+                                initial_prompt=args.initial_prompt)
+    durations = {i: _duration(j.path) for i, j in enumerate(jobs)}
+    progress = Progress(sum(durations.values()), enabled=not args.quiet)
+    decoded: list[dict] = []
+    items = ((i, j.path) for i, j in enumerate(jobs))
+    for key, outcome in transcribe_many(decoder, items, options, on_progress=progress.update):
+        job = jobs[key]
+        failure = None
+        if isinstance(outcome, Exception):
+            failure = str(outcome) if str(job.path) in str(outcome) else f"{job.path}: {outcome}"
+            progress.drop(durations[key])
+        else:
+            failure = _emit(outcome, job, args, formats, len(jobs) > 1, progress)
+        if failure:
+            failures.append(failure)
+            progress.write(f"error: {failure}")
+        else:
+            decoded.append(outcome.stats)
+    progress.close()
+    return decoded
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -140,72 +199,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--batch-size must be >= 1")
     if not check_args_or_report(args, "asr-transcribe"):
         return 2
-
     jobs, failures = collect_jobs(args.paths, args.recursive)
     for message in failures:
         print(f"error: {message}", file=sys.stderr)
-    skipped = 0
-    if args.skip_existing and args.output_dir is None:
-        print("warning: --skip-existing has no effect without -o OUTDIR", file=sys.stderr)
-    if args.output_dir is not None:
-        problem = unwritable(args.output_dir)
-        if problem:  # before any model loads: nothing could be saved
-            print(f"asr-transcribe: error: {problem}", file=sys.stderr)
-            return 2
-        remove_stale_temps(args.output_dir)
-        if args.skip_existing:
-            todo = [j for j in jobs if not all(p.exists() for p in output_paths(args.output_dir, j.stem, formats))]
-            skipped = len(jobs) - len(todo)
-            jobs = todo
+    jobs, skipped, problem = _pending(args, formats, jobs)
+    if problem:  # before any model loads: nothing could be saved
+        print(f"asr-transcribe: error: {problem}", file=sys.stderr)
+        return 2
     if not jobs:
         if skipped:
             print(f"nothing to do: all {skipped} file(s) already transcribed", file=sys.stderr)
         return 1 if failures else 0
-
-    # Imported here so that argument errors and "nothing to do" stay instant.
-    from asr_app.transcribe import TranscribeOptions, transcribe_many
-
     decoder = load_decoder_or_report(args, "asr-transcribe")  # the models load once, here
     if decoder is None:
         return 2
-    fallback = fallback_schedule(args.temperature, args.temperature_increment_on_fallback, not args.no_fallback)
-    options = TranscribeOptions(decoding=decoder.options, batch_size=args.batch_size, temperature_fallback=fallback,
-                                initial_prompt=args.initial_prompt)
-
-    durations = {i: _duration(j.path) for i, j in enumerate(jobs)}
-    progress = Progress(sum(durations.values()), enabled=not args.quiet)
     started = time.perf_counter()
-    done = 0
-    decoded: list[dict] = []
-    items = ((i, j.path) for i, j in enumerate(jobs))
-    for key, outcome in transcribe_many(decoder, items, options, on_progress=progress.update):
-        job = jobs[key]
-        if isinstance(outcome, Exception):
-            failures.append(str(outcome) if str(job.path) in str(outcome) else f"{job.path}: {outcome}")
-            progress.drop(durations[key])
-            progress.write(f"error: {failures[-1]}")
-            continue
-        if args.output_dir is not None:
-            try:
-                write_outputs(outcome, args.output_dir, job.stem, formats)  # all formats or none
-            except OSError as exc:  # a full disk, a folder made read-only meanwhile: this file fails, not the batch
-                failures.append(f"{job.path}: cannot write its outputs to {args.output_dir}: {exc.strerror or exc}")
-                progress.write(f"error: {failures[-1]}")
-                continue
-        else:
-            header = f"==> {job.path} <==\n" if len(jobs) > 1 else ""
-            progress.clear()
-            sys.stdout.write(header + RENDERERS[formats[0]](outcome))
-            sys.stdout.flush()
-        done += 1
-        decoded.append(outcome.stats)
-    progress.close()
-
-    elapsed = time.perf_counter() - started
-    summary = f"{done} transcribed, {len(failures)} failed"
-    if skipped:
-        summary += f", {skipped} skipped (outputs exist)"
-    print(f"{summary} in {elapsed:.1f} s" + (f" -> {args.output_dir}" if args.output_dir else ""),
+    decoded = _run(decoder, jobs, args, formats, failures)
+    summary = f"{len(decoded)} transcribed, {len(failures)} failed" + (
+        f", {skipped} skipped (outputs exist)" if skipped else "")
+    print(f"{summary} in {time.perf_counter() - started:.1f} s" + (f" -> {args.output_dir}" if args.output_dir else ""),
           file=sys.stderr)
     if decoded:
         print(decoding_summary(decoder, decoded), file=sys.stderr)

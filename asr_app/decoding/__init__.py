@@ -1,19 +1,12 @@
 """The speculative decoding loop: options, results, Whisper's logit rules, gamma policy.
 
-Names are imported on first use (PEP 562), so that `asr_app.decoding.options` (plain data) can be
-imported without torch: command-line tools parse their arguments before the heavy imports.
-"""
+Names are imported on first use (asr_app/lazy.py): `asr_app.decoding.options` loads without torch."""
 
-from importlib import import_module
+from asr_app.lazy import lazy_exports
 
-_HOME = {
+_HOMES = {
     "SpeculativeDecoder": "engine", "MODES": "options", "DecodingOptions": "options", "DecodingResult": "options",
-    "DecodingStats": "options", "RuntimeOptions": "options", "Segment": "options",
+    "DecodingStats": "options", "RuntimeOptions": "options", "Segment": "options", "Decoder": "protocol",
 }
-__all__ = sorted(_HOME)
-
-
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'asr_app.decoding' has no attribute {name!r}")
-    return getattr(import_module(f"asr_app.decoding.{_HOME[name]}"), name)
+__all__ = sorted(_HOMES)
+__getattr__ = lazy_exports(__name__, _HOMES)

@@ -15,20 +15,24 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS
 from asr_app.decoding.costs import measure_step_costs
 from asr_app.decoding.gamma import AcceptanceEstimate, CostAwareGamma, GammaPolicy, StepCosts
 from asr_app.decoding.hf_mode import decode_hf
 from asr_app.decoding.hints import HintTracker
-from asr_app.decoding.loop import SPECULATIVE_MODES, BatchState, SpeculativeLoop
-from asr_app.decoding.options import DecodingOptions, DecodingResult, DecodingStats, RuntimeOptions
-from asr_app.decoding.prompt import Prompt, build_prompt
+from asr_app.decoding.loop import BatchState, SpeculativeLoop
+from asr_app.decoding.options import (
+    SPECULATIVE_MODES,
+    DecodingOptions,
+    DecodingResult,
+    DecodingStats,
+    RuntimeOptions,
+)
+from asr_app.decoding.prompt import Prompt, build_prompt, eos_token
 from asr_app.decoding.rules import RuleState, WhisperLogitRules
 from asr_app.decoding.steps import Steps, Workspace
 from asr_app.decoding.text import decode_text, split_segments
 from asr_app.runtime import DecoderRuntime, StepRunner, draft_vocabulary
-
-SAMPLE_RATE = 16_000
-MAX_WINDOW_S = 30.0
 
 
 class SpeculativeDecoder:
@@ -43,7 +47,7 @@ class SpeculativeDecoder:
         self.feature_extractor = pair.processor.feature_extractor
         gc = self.target.generation_config
         self.generation_config = gc
-        self.eos = gc.eos_token_id if isinstance(gc.eos_token_id, int) else gc.eos_token_id[0]
+        self.eos = eos_token(gc)
         self.timestamp_begin = gc.no_timestamps_token_id + 1
         self.no_speech_id = gc.no_timestamps_token_id - 1  # <|nospeech|> (<|nocaptions|> in .en models)
         self.vocab = self.target.config.vocab_size
@@ -67,7 +71,7 @@ class SpeculativeDecoder:
         """Decode clips of at most 30 s. `prompts`: previous text per clip; `hints`: expected output tokens
         per clip (see the module docstring; they change the speed, never the result; `hf` ignores them)."""
         if isinstance(audio, np.ndarray | torch.Tensor):
-            if audio.ndim != 1:  # never read an (N, C) array as N clips (DESIGN.md: that exhausts memory)
+            if audio.ndim != 1:  # never read an (N, C) array as N clips (docs/ARCHITECTURE.md: that exhausts memory)
                 raise ValueError(f"expected mono samples of shape (N,) or a list of clips, got an array of shape "
                                  f"{tuple(audio.shape)}; downmix and resample first (asr_app.audio.prepare_audio)")
             audio = [audio]
@@ -80,9 +84,9 @@ class SpeculativeDecoder:
                 raise ValueError(f"clip {i}: expected mono samples of shape (N,), got shape {clip.shape}")
             if clip.size == 0:
                 raise ValueError(f"clip {i} is empty (0 samples)")
-            if clip.size > MAX_WINDOW_S * SAMPLE_RATE:
+            if clip.size > WINDOW_SECONDS * SAMPLE_RATE:
                 raise ValueError(f"clip {i} is {clip.size / SAMPLE_RATE:.1f} s long; decode takes windows of at "
-                                 f"most {MAX_WINDOW_S:.0f} s (use asr_app.transcribe for long audio)")
+                                 f"most {WINDOW_SECONDS:.0f} s (use asr_app.longform for long audio)")
             if not np.isfinite(clip).all():
                 raise ValueError(f"clip {i} contains NaN or infinite samples")
         feats = self.feature_extractor([np.asarray(c, dtype=np.float32) for c in clips],
@@ -99,7 +103,7 @@ class SpeculativeDecoder:
         if features.dim() != 3 or tuple(features.shape[1:]) != expected or features.shape[0] == 0:
             raise ValueError(f"features must have shape [B, {expected[0]}, {expected[1]}], got "
                              f"{tuple(features.shape)}")
-        return self._decode(features, options, prompts, [MAX_WINDOW_S] * features.shape[0], hints)
+        return self._decode(features, options, prompts, [WINDOW_SECONDS] * features.shape[0], hints)
 
     # ------------------------------------------------------------------ batching
     def _decode(self, feats, options, prompts, windows, hints=None) -> list[DecodingResult]:

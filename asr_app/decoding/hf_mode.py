@@ -94,7 +94,6 @@ def decode_hf(target, draft, features: torch.Tensor, prompt: Prompt, opts: Decod
     stats.tokens_out = len(tokens) + (1 if len(tokens) < opts.max_new_tokens else 0)
     if len(counters) == 2:
         stats.target_calls = counters[0].calls
-        stats.draft_calls = counters[1].calls
         stats.drafted = counters[1].calls
         stats.accepted = max(0, stats.tokens_out - stats.target_calls)
     stats.finalise()

@@ -39,11 +39,9 @@ from dataclasses import dataclass
 import torch
 
 from asr_app.decoding.hints import HintTracker
-from asr_app.decoding.options import DecodingOptions, DecodingStats
+from asr_app.decoding.options import SPECULATIVE_MODES, DecodingOptions, DecodingStats
 from asr_app.decoding.rules import RuleState
 from asr_app.decoding.steps import Steps, state_tensors
-
-SPECULATIVE_MODES = ("baseline", "exact", "sigmoid")
 
 
 @dataclass
@@ -313,7 +311,6 @@ class SpeculativeLoop:
         st = b.stats[r]
         accepted = min(accepted, p.gamma)
         st.target_calls += 1
-        st.draft_calls += p.drafted
         st.drafted += p.drafted
         st.accepted += min(accepted, p.drafted)
         if p.hinted:

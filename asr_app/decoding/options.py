@@ -7,6 +7,7 @@ from typing import Literal
 
 DecodingMode = Literal["off", "hf", "baseline", "exact", "sigmoid"]
 MODES: tuple[str, ...] = ("off", "hf", "baseline", "exact", "sigmoid")
+SPECULATIVE_MODES: tuple[str, ...] = ("baseline", "exact", "sigmoid")  # our loop with a draft model
 GraphSetting = Literal["auto", "off", "emulate"]
 GammaSetting = Literal["cost", "heuristic"]
 DEFAULT_DRAFT_VOCAB = 8192
@@ -72,31 +73,48 @@ class Segment:
     tokens: list[int]
 
 
+_SUMMED = ("tokens_out", "target_calls", "drafted", "accepted", "hint_steps", "hinted", "hint_accepted",
+           "encoder_s", "draft_s", "target_s", "verify_s", "total_s", "windows")
+
+
 @dataclass
 class DecodingStats:
     mode: str
     shared_encoder: bool
     tokens_out: int = 0
     target_calls: int = 0
-    draft_calls: int = 0
-    drafted: int = 0
+    drafted: int = 0         # tokens the draft model proposed (one draft step each)
     accepted: int = 0
-    hint_steps: int = 0      # target calls whose proposal held hint tokens (see engine.py)
+    hint_steps: int = 0      # target calls whose proposal held hint tokens (see loop.py)
     hinted: int = 0          # hint tokens offered
     hint_accepted: int = 0   # hint tokens kept
-    acceptance_rate: float = 0.0
-    mean_accepted_per_step: float = 0.0
+    acceptance_rate: float | None = None         # None when nothing was drafted
+    mean_accepted_per_step: float | None = None  # accepted drafts per target call; None as above
     encoder_s: float = 0.0
     draft_s: float = 0.0
     target_s: float = 0.0
     verify_s: float = 0.0
     total_s: float = 0.0
+    windows: int = 1         # decodes summed into this record
     verify_steps: list[tuple[int, float]] = field(default_factory=list)
 
     def finalise(self) -> None:
-        self.acceptance_rate = self.accepted / self.drafted if self.drafted else 0.0
-        steps = self.target_calls
-        self.mean_accepted_per_step = self.accepted / steps if steps else 0.0
+        drafted = self.drafted > 0
+        self.acceptance_rate = self.accepted / self.drafted if drafted else None
+        self.mean_accepted_per_step = self.accepted / self.target_calls if drafted and self.target_calls else None
+
+    @classmethod
+    def total(cls, parts: list[DecodingStats]) -> DecodingStats:
+        """The statistics of several decodes (windows, steps of a stream, a session) as one record."""
+        if not parts:
+            raise ValueError("no statistics to add up")
+        out = cls(mode=parts[0].mode, shared_encoder=parts[-1].shared_encoder, windows=0)
+        for part in parts:
+            for name in _SUMMED:
+                setattr(out, name, getattr(out, name) + getattr(part, name))
+            out.verify_steps += part.verify_steps
+        out.finalise()
+        return out
 
 
 @dataclass

@@ -5,6 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def eos_token(generation_config) -> int:
+    """<|endoftext|>: the generation config names it as an int or a list."""
+    eos = generation_config.eos_token_id
+    return eos if isinstance(eos, int) else eos[0]
+
+
 @dataclass(frozen=True)
 class Prompt:
     tokens: tuple[int, ...]

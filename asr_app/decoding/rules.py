@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from asr_app.decoding.prompt import eos_token
 from asr_app.runtime.vocab import TokenSpace
 
 NEG_INF = float("-inf")
@@ -145,7 +146,7 @@ class WhisperLogitRules:
         """Rules for logits over `space` (default: the whole vocabulary of `vocab` ids)."""
         gc = generation_config
         space = space or TokenSpace(vocab)
-        eos = gc.eos_token_id if isinstance(gc.eos_token_id, int) else gc.eos_token_id[0]
+        eos = eos_token(gc)
         self.begin = SuppressBlankAtBegin(list(gc.begin_suppress_tokens or []), space, device)
         self.suppress = SuppressTokens(list(gc.suppress_tokens or []), space, device)
         self.timestamp = (

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from asr_app.arguments import add_model_args, check_args_or_report, load_decoder_or_report
 from asr_app.eval.datasets import DATASETS, DatasetError, load_dataset
 from asr_app.eval.plots import write_plots
 from asr_app.eval.report import (
@@ -24,7 +25,7 @@ from asr_app.eval.report import (
     write_utterances_jsonl,
 )
 from asr_app.eval.runner import MODES, PAPER_MODES, EvalRun, mode_specs, run_evaluation
-from asr_app.eval.wer import normalizer_for_tokenizer
+from asr_app.wer import normalizer_for_tokenizer
 
 log = logging.getLogger("asr_app.eval")
 
@@ -44,8 +45,6 @@ def _scales(text: str) -> list[float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from asr_app.cli.common import add_model_args
-
     parser = argparse.ArgumentParser(
         prog="asr-eval",
         description="Offline evaluation of speculative Whisper decoding: WER, latency, verification-step time "
@@ -101,8 +100,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-samples must be >= 1")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         parser.error("--max-new-tokens must be >= 1")
-
-    from asr_app.cli.common import check_args_or_report, load_decoder_or_report
 
     if not check_args_or_report(args, "asr-eval"):
         return 2

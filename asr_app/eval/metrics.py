@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from asr_app.eval.wer import WerResult, corpus_wer
+from asr_app.wer import WerResult, corpus_wer
 
 
 @dataclass

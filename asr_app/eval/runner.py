@@ -19,31 +19,31 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS, AudioLoadError, load_audio, prepare_audio
+from asr_app.decoding.options import MODES, SPECULATIVE_MODES, DecodingOptions, DecodingStats
+from asr_app.decoding.protocol import Decoder
 from asr_app.eval.datasets import Utterance
 from asr_app.eval.metrics import ModeRun, ModeSummary, UtteranceRecord, add_verify_deltas, summarize_mode
 from asr_app.eval.profiling import PeakMemory, profile_verify_step
-from asr_app.eval.wer import Normalizer
+from asr_app.wer import Normalizer
 
 log = logging.getLogger(__name__)
 
-MODES = ("off", "hf", "baseline", "exact", "sigmoid")
-PAPER_MODES = ("baseline", "exact", "sigmoid")
-MAX_AUDIO_S = 30.0  # one decoder window; longer clips need long-form transcription
-SAMPLE_RATE = 16_000
+PAPER_MODES = SPECULATIVE_MODES  # the paper compares the three verification modes
 ProfileHow = Literal["separate", "inline", "off"]
 
 
 @dataclass(frozen=True)
 class ModeSpec:
     label: str
-    options: object  # asr_app.decoding.DecodingOptions
+    options: DecodingOptions
 
 
 def scale_label(scale: float) -> str:
     return f"sigmoid@{scale:.0e}".replace("e+0", "e").replace("e+", "e")
 
 
-def mode_specs(base: object, modes: Sequence[str], sweep_scales: Sequence[float] = ()) -> list[ModeSpec]:
+def mode_specs(base: DecodingOptions, modes: Sequence[str], sweep_scales: Sequence[float] = ()) -> list[ModeSpec]:
     """One spec per requested mode, plus sigmoid with alpha=-s, beta=s per sweep scale.
 
     A sweep needs the baseline to compare against, so it is added when missing.
@@ -81,14 +81,12 @@ class EvalRun:
 
 def read_utterance_audio(utt: Utterance) -> np.ndarray:
     """16 kHz mono float32; raises asr_app.audio.AudioLoadError naming the file and the reason."""
-    from asr_app.audio import load_audio, prepare_audio
-
     if utt.audio_path is not None:
         return load_audio(utt.audio_path)
     return prepare_audio(utt.samples, utt.sample_rate)
 
 
-def _stats_dict(stats: object) -> dict:
+def _stats_dict(stats: DecodingStats) -> dict:
     data = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(vars(stats))
     data.pop("verify_steps", None)  # kept separately (from the profiled pass)
     return data
@@ -106,7 +104,7 @@ class _Clock:
 
 
 def run_evaluation(
-    decoder: object,
+    decoder: Decoder,
     utterances: Sequence[Utterance],
     specs: Sequence[ModeSpec],
     normalizer: Normalizer,
@@ -114,7 +112,7 @@ def run_evaluation(
     warmup: int = 1,
     profile: ProfileHow = "separate",
     progress: bool = True,
-    max_audio_s: float = MAX_AUDIO_S,
+    max_audio_s: float = WINDOW_SECONDS,
 ) -> EvalRun:
     device = torch.device(getattr(getattr(decoder, "pair", None), "device", "cpu"))
     clock, memory = _Clock(device), PeakMemory(device)
@@ -123,8 +121,6 @@ def run_evaluation(
     warmed = 0
     notes: list[str] = []
     bar = tqdm(total=len(utterances) * len(specs), desc="asr-eval", unit="decode", disable=not progress, mininterval=1.0)
-    from asr_app.audio import AudioLoadError
-
     for utt in utterances:
         ref_norm = normalizer(utt.reference)
         record = UtteranceRecord(id=utt.id, reference=utt.reference, reference_normalized=ref_norm, source=utt.source)

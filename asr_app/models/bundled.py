@@ -44,7 +44,7 @@ def load_bundled_draft(target) -> WhisperForCausalLM:
             "the bundled draft was distilled from Whisper tiny.en and shares its embeddings; the target is a "
             "different model. Pass --draft none (target only), --draft derived, or a draft made for the target")
     config = WhisperConfig.from_pretrained(BUNDLE_DIR)
-    # WhisperForCausalLM(config) flips is_encoder_decoder on the object it gets (DESIGN.md): give it a copy.
+    # WhisperForCausalLM(config) flips is_encoder_decoder on the object it gets (docs/ARCHITECTURE.md, "Traps"): give it a copy.
     draft = WhisperForCausalLM(copy.deepcopy(config))
     source = target.get_decoder()
     state = load_file(str(WEIGHTS))

@@ -278,16 +278,11 @@ def _count_layers(w: _Weights, prefix: str) -> int:
     return n
 
 
-def whisper_state_dict(ckpt: Ct2Checkpoint) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
-    """Map a WhisperSpec checkpoint to transformers' ``WhisperForConditionalGeneration`` names.
-
-    Returns the tensors (floats as stored, quantised ones dequantised to float32) and the
-    model dimensions read from the checkpoint.
-    """
+def _check_variant(ckpt: Ct2Checkpoint, w: _Weights) -> None:
+    """Refuse what is not plain Whisper (another spec, low-rank layers, other norms or activations)."""
     if ckpt.spec_name != WHISPER_SPEC:
         kind = ckpt.spec_name or "an unnamed (binary version 1)"
         raise _load_error(ckpt.path, f"is a CTranslate2 {kind} model, not Whisper ({WHISPER_SPEC})")
-    w = _Weights(ckpt)
     if w.has("encoder/layer_0/self_attention/linear_0/weight_a") or w.has(
         "encoder/layer_0/self_attention/linear_0/weight_b"
     ):
@@ -303,8 +298,9 @@ def whisper_state_dict(ckpt: Ct2Checkpoint) -> tuple[dict[str, torch.Tensor], di
         n for n in ckpt.variables if n.split("/")[-1] in ("alignment_heads", "alignment_layer", "start_from_zero_embedding")
     )
 
-    out: dict[str, torch.Tensor] = {}
-    enc, dec = "model.encoder", "model.decoder"
+
+def _encoder(w: _Weights, out: dict) -> int:
+    enc = "model.encoder"
     _linear(w, "encoder/conv1", f"{enc}.conv1", out)
     _linear(w, "encoder/conv2", f"{enc}.conv2", out)
     out[f"{enc}.embed_positions.weight"] = w.get("encoder/position_encodings/encodings")
@@ -317,7 +313,11 @@ def whisper_state_dict(ckpt: Ct2Checkpoint) -> tuple[dict[str, torch.Tensor], di
         _split_fused(w, f"{src}/self_attention/linear_0", [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"], out)
         _linear(w, f"{src}/self_attention/linear_1", f"{attn}.out_proj", out)
         _ffn(w, f"{src}/ffn", dst, out)
+    return n_enc
 
+
+def _decoder(w: _Weights, out: dict) -> int:
+    dec = "model.decoder"
     out[f"{dec}.embed_tokens.weight"] = w.get("decoder/embeddings/weight")
     out[f"{dec}.embed_positions.weight"] = w.get("decoder/position_encodings/encodings")
     _layer_norm(w, "decoder/layer_norm", f"{dec}.layer_norm", out)
@@ -333,18 +333,30 @@ def whisper_state_dict(ckpt: Ct2Checkpoint) -> tuple[dict[str, torch.Tensor], di
         _split_fused(w, f"{src}/attention/linear_1", [f"{cross}.k_proj", f"{cross}.v_proj"], out)
         _linear(w, f"{src}/attention/linear_2", f"{cross}.out_proj", out)
         _ffn(w, f"{src}/ffn", dst, out)
+    return n_dec
 
+
+def whisper_state_dict(ckpt: Ct2Checkpoint) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """Map a WhisperSpec checkpoint to transformers' ``WhisperForConditionalGeneration`` names.
+
+    Returns the tensors (floats as stored, quantised ones dequantised to float32) and the
+    model dimensions read from the checkpoint.
+    """
+    w = _Weights(ckpt)
+    _check_variant(ckpt, w)
+    out: dict[str, torch.Tensor] = {}
+    n_enc, n_dec = _encoder(w, out), _decoder(w, out)
     projection = w.get("decoder/projection/weight")
     if w.has("decoder/projection/bias") and w.get("decoder/projection/bias").abs().max() > 0:
         raise _load_error(ckpt.path, "decoder/projection has a bias, which Whisper's output layer has not")
     out["proj_out.weight"] = projection
-
     leftover = sorted(n for n in ckpt.variables if n not in w.used and not ckpt.variables[n].dim() == 0)
     if leftover:
         raise _load_error(
             ckpt.path, f"unexpected variables for a Whisper model: {', '.join(leftover[:5])}"
             + (f" and {len(leftover) - 5} more" if len(leftover) > 5 else "")
         )
+    enc, dec = "model.encoder", "model.decoder"
     embed = out[f"{dec}.embed_tokens.weight"]
     dims = {
         "vocab_size": embed.shape[0],

@@ -42,10 +42,8 @@ def resolve_draft_dtype(draft_dtype: str | torch.dtype | None, device: torch.dev
     """The draft's dtype: the target's unless told otherwise (None, "", "auto" and "same" all mean the target's).
 
     The draft only proposes tokens and verification decides what is kept, so its precision changes its
-    acceptance rate and the speed, never the output (greedy tokens, or the sampling distribution). Measured on
-    a CPU with native bf16 (bench/decode_bench.py): a bf16 draft next to the fp32 tiny.en is no faster (3.5 ms
-    a step vs 3.3 ms in fp32, whose output layer the engine already reads once per step), so it is not the
-    default anywhere.
+    acceptance rate and the speed, never the output (greedy tokens, or the sampling distribution). On the CPUs
+    measured a bf16 draft was no faster (docs/decoding.md), so it is not the default anywhere.
     """
     if draft_dtype in (None, "", "auto", "same"):
         return target_dtype

@@ -28,15 +28,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from asr_app.audio import SAMPLE_RATE, AudioLoadError, prepare_audio
+from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS, AudioLoadError, prepare_audio
 from asr_app.streaming import StreamEvent, StreamingProcessor
-from asr_app.ui_engine import SessionDecoder, UiEngine
-from asr_app.ui_text import live_transcript_html
+from asr_app.ui.engine import SessionDecoder, UiEngine
+from asr_app.ui.text import live_transcript_html
 
 log = logging.getLogger(__name__)
 
 BrowserChunk = tuple[int, np.ndarray]
-MAX_PENDING_S = 30.0     # audio waiting for the worker beyond this is dropped (decoding too slow)
+MAX_PENDING_S = WINDOW_SECONDS  # audio waiting for the worker beyond this is dropped (decoding too slow)
 WORKER_IDLE_EXIT_S = 60.0  # a worker with nothing to do for this long exits (a new chunk restarts it)
 
 
@@ -187,8 +187,8 @@ class LiveSession:
                 self.partial = event.text
 
 
-def new_session(engine: UiEngine, mode: str, temperature: float) -> LiveSession:
-    decoder = engine.session_decoder(mode, temperature)
+def new_session(engine: UiEngine, mode: str, temperature: float, language: str = "auto") -> LiveSession:
+    decoder = engine.session_decoder(mode, temperature, language)
     processor = StreamingProcessor(decoder, engine.streaming)
     return LiveSession(decoder=decoder, processor=processor, mode=mode, temperature=float(temperature))
 
@@ -200,7 +200,8 @@ def _format_seconds(value: float | None, unit: str = "s") -> str:
 def live_figures_markdown(session: LiveSession | None) -> str:
     if session is None:
         return "Press **Record** and speak; text appears as it is recognised."
-    acceptance = session.decoder.usage.acceptance_rate
+    usage = session.decoder.usage
+    acceptance = usage.acceptance_rate if usage is not None else None
     rows = [
         ("mode", f"{session.mode} (temperature {session.temperature:g})"),
         ("latency of the last update", _format_seconds(session.last_update_s)),
@@ -228,7 +229,7 @@ def live_outputs(session: LiveSession | None) -> tuple[LiveSession | None, str, 
 
 
 def live_chunk(engine: UiEngine, chunk: BrowserChunk | None, session: LiveSession | None,
-               mode: str, temperature: float) -> tuple[LiveSession | None, str, str]:
+               mode: str, temperature: float, language: str = "auto") -> tuple[LiveSession | None, str, str]:
     """One streamed microphone chunk: queue it for the session's worker, show the text so far."""
     if chunk is None:
         return live_outputs(session)
@@ -238,7 +239,7 @@ def live_chunk(engine: UiEngine, chunk: BrowserChunk | None, session: LiveSessio
         return live_outputs(session)
     if session is None:
         try:
-            session = new_session(engine, mode, temperature)
+            session = new_session(engine, mode, temperature, language)
         except ValueError as exc:  # a mode this launch cannot run
             return None, live_transcript_html("", ""), f"**{exc}**"
     try:

@@ -7,21 +7,13 @@ from __future__ import annotations
 
 import difflib
 import html
-import re
-from collections.abc import Callable
 
-import jiwer
+from asr_app.wer import basic_normalize
 
 # Labels shown by gr.HighlightedText; None means "same as the anchor".
 DIFF_CHANGED = "differs"
 DIFF_MISSING = "missing"
 
-_PUNCT = re.compile(r"[^\w\s']")
-
-
-def basic_normalize(text: str) -> str:
-    """Lower case, punctuation dropped, whitespace collapsed (fallback when no tokenizer normaliser)."""
-    return " ".join(_PUNCT.sub(" ", text.lower()).split())
 
 
 def _comparable(word: str) -> str:
@@ -55,14 +47,6 @@ def word_diff(text: str, anchor: str) -> list[tuple[str, str | None]]:
 
 def count_differences(pieces: list[tuple[str, str | None]]) -> int:
     return sum(1 for _, label in pieces if label is not None)
-
-
-def word_error_rate(reference: str, hypothesis: str, normalize: Callable[[str], str] = basic_normalize) -> float:
-    """Corpus WER of one pair after normalising both sides; an empty reference is an error."""
-    ref, hyp = normalize(reference), normalize(hypothesis)
-    if not ref.strip():
-        raise ValueError("the reference text is empty after normalisation")
-    return float(jiwer.wer(ref, hyp))
 
 
 def live_transcript_html(committed: str, partial: str) -> str:

@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from asr_app.audio import SAMPLE_RATE, AudioLoadError, is_silent, load_audio
-from asr_app.transcribe import transcribe
-from asr_app.ui_engine import COMPARE_MODES, UiEngine
-from asr_app.ui_text import basic_normalize, count_differences, word_diff, word_error_rate
+from asr_app.longform import transcribe
+from asr_app.ui.engine import COMPARE_MODES, UiEngine
+from asr_app.ui.text import count_differences, word_diff
+from asr_app.wer import basic_normalize, word_error_rate
 from asr_app.writers import write_outputs
 
 log = logging.getLogger(__name__)
@@ -74,13 +75,14 @@ def _file_stats(transcript, audio_s: float, wall_s: float) -> dict:
     return stats
 
 
-def transcribe_file(engine: UiEngine, path: str | Path | None, mode: str, temperature: float) -> FileOutcome:
+def transcribe_file(engine: UiEngine, path: str | Path | None, mode: str, temperature: float,
+                    language: str = "auto") -> FileOutcome:
     """Transcribe one uploaded/recorded clip with segment timestamps and downloadable subtitles."""
     audio, problem = _load(path)
     if audio is None:
         return FileOutcome(message=problem)
     try:
-        decoder = engine.session_decoder(mode, temperature, timestamps=True)
+        decoder = engine.session_decoder(mode, temperature, language, timestamps=True)
     except ValueError as exc:
         return FileOutcome(message=str(exc))
     audio_s = audio.size / SAMPLE_RATE
@@ -171,7 +173,8 @@ def compare_modes(engine: UiEngine, path: str | Path | None, reference: str | No
         text = transcript.text.strip()
         usage = decoder.usage
         runs.append(ModeRun(mode=mode, text=text, latency_s=latency, acceptance_rate=usage.acceptance_rate,
-                            verify_s=usage.verify_s, verify_steps=usage.verify_steps, tokens_out=usage.tokens_out))
+                            verify_s=usage.verify_s, verify_steps=len(usage.verify_steps),
+                            tokens_out=usage.tokens_out))
     reference = (reference or "").strip()
     normalize = _normalizer(engine)
     message = ""

@@ -1,8 +1,10 @@
-"""Word error rate after Whisper's English text normalisation (both sides), computed with jiwer."""
+"""Word error rate (jiwer) after normalising both sides: Whisper's English normaliser, or a basic one.
+One home for every WER the project computes: the evaluator, the web app's Compare tab, the benchmarks."""
 
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -13,6 +15,21 @@ from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
 
 Normalizer = Callable[[str], str]
 PACKAGED_SPELLING = Path(__file__).with_name("data") / "english_spelling.json"
+_PUNCT = re.compile(r"[^\w\s']")
+
+
+def basic_normalize(text: str) -> str:
+    """Lower case, punctuation dropped, whitespace collapsed (fallback when no tokenizer normaliser)."""
+    return " ".join(_PUNCT.sub(" ", text.lower()).split())
+
+
+def word_error_rate(reference: str, hypothesis: str, normalize: Normalizer | None = None) -> float:
+    """WER of one pair after normalising both sides (default `basic_normalize`); an empty reference is an error."""
+    normalize = normalize or basic_normalize
+    ref, hyp = normalize(reference), normalize(hypothesis)
+    if not ref.strip():
+        raise ValueError("the reference text is empty after normalisation")
+    return float(jiwer.wer(ref, hyp))
 
 
 def spelling_map_from_dir(model_dir: str | Path) -> dict[str, str] | None:

@@ -18,23 +18,32 @@ import dataclasses
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from asr_app.audio import SAMPLE_RATE, SILENCE_RMS, AudioLoadError, is_silent, load_audio, prepare_audio
-from asr_app.decoding import DecodingOptions, Segment
-from asr_app.writers import jsonable, write_outputs
+from asr_app.audio import (
+    SAMPLE_RATE,
+    SILENCE_RMS,
+    WINDOW_SECONDS,
+    AudioLoadError,
+    is_silent,
+    load_audio,
+    prepare_audio,
+)
+from asr_app.decoding.options import DecodingOptions, DecodingResult, DecodingStats, Segment
+from asr_app.decoding.protocol import Decoder
+from asr_app.decoding.silence import LOGPROB_THRESHOLD, NO_SPEECH_THRESHOLD, judged_silent
+from asr_app.decoding.text import SECONDS_PER_TIMESTAMP
+from asr_app.transcript import Transcript
 
-WINDOW_SECONDS = 30.0
 WINDOW_SAMPLES = int(WINDOW_SECONDS * SAMPLE_RATE)
-TIME_PRECISION = 0.02          # seconds per timestamp token step
 MIN_TAIL_SECONDS = 0.1         # a shorter remainder is not worth a window (and invites hallucinations)
 TEMPERATURE_FALLBACK = (0.2, 0.4, 0.6, 0.8, 1.0)   # openai/whisper's schedule after T = 0
 
-__all__ = ["Transcript", "TranscribeOptions", "transcribe", "transcribe_many", "write_outputs"]
+__all__ = ["TranscribeOptions", "transcribe", "transcribe_many"]
 
 
 @dataclass(frozen=True)
@@ -43,28 +52,12 @@ class TranscribeOptions:
     condition_on_previous_text: bool = True
     prompt_chars: int = 200                  # how much previous text to pass as the prompt
     initial_prompt: str | None = None        # text before the audio: spellings, names, style (--initial_prompt)
-    no_speech_threshold: float = 0.6         # Whisper's silence rule: skip a window if P(nospeech) > this
-    logprob_threshold: float = -1.0          # ... and its mean log-prob is below this
+    no_speech_threshold: float = NO_SPEECH_THRESHOLD  # Whisper's silence rule (decoding/silence.py)
+    logprob_threshold: float = LOGPROB_THRESHOLD
     energy_threshold: float = SILENCE_RMS    # a window with no 30 ms frame this loud is skipped, not decoded
     batch_size: int = 1
     temperature_fallback: tuple[float, ...] = TEMPERATURE_FALLBACK  # retry temperatures; () = no fallback
     compression_ratio_threshold: float | None = 2.4  # text compressing better than this is a repetition loop
-
-
-@dataclass
-class Transcript:
-    source: str
-    duration: float                  # seconds of audio
-    text: str
-    segments: list[Segment]          # absolute times, monotone
-    language: str | None
-    mode: str
-    model: dict[str, Any] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    stats: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return jsonable(self)
 
 
 class _LongForm:
@@ -76,11 +69,12 @@ class _LongForm:
         self.segments: list[Segment] = []
         self.decode_s = 0.0
         self.windows = 0
-        self.results: list[Any] = []
+        self.results: list[DecodingResult] = []
         self.started = time.perf_counter()
         self.temperatures: list[float] = []  # the temperature each decoded window was finally decoded at
         self.fallbacks = 0                   # extra decodes made by the temperature fallback
         self.prompt_from = 0                 # segments before this index are not used as prompt
+        self.prompt_retries = 0              # windows decoded again without the prompt (no-speech rule)
 
     @property
     def done(self) -> bool:
@@ -112,7 +106,7 @@ def split_window(tokens: list[int], timestamp_begin: int, window_s: float,
     cuts = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
 
     def seconds(token: int) -> float:
-        return min((token - timestamp_begin) * TIME_PRECISION, window_s)
+        return min((token - timestamp_begin) * SECONDS_PER_TIMESTAMP, window_s)
 
     def make(piece: list[int], start: float, end: float) -> Segment | None:
         text_tokens = [t for t in piece if t < timestamp_begin]
@@ -150,15 +144,34 @@ def compression_ratio(text: str) -> float:
     return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
-def needs_fallback(result: Any, options: TranscribeOptions) -> bool:
+def needs_fallback(result: DecodingResult, options: TranscribeOptions) -> bool:
     """openai/whisper's test of a failed window: too repetitive or too unlikely, unless it is silence."""
-    if (result.no_speech_prob > options.no_speech_threshold
-            and result.avg_logprob < options.logprob_threshold):
+    if judged_silent(result, options.no_speech_threshold, options.logprob_threshold):
         return False  # silence: skipped by _advance, retrying would only invent words
     threshold = options.compression_ratio_threshold
     if threshold is not None and compression_ratio(result.text) > threshold:
         return True
     return bool(result.avg_logprob < options.logprob_threshold)  # NaN (mode hf) compares False
+
+
+def _unless_dropped_for_its_prompt(decoder: Decoder, job: _LongForm, result: DecodingResult,
+                                   decoding: DecodingOptions, options: TranscribeOptions) -> DecodingResult:
+    """Never skip speech silently. Every decoded window passed the energy gate (it has sound); when the
+    no-speech rule would drop one that was decoded with the previous text as prompt, it is decoded again
+    without the prompt, which can talk the model into "no speech" (seen: 30 s of clear speech dropped in a
+    2-hour file). The retry is kept when it finds speech."""
+    rule = (options.no_speech_threshold, options.logprob_threshold)
+    if not judged_silent(result, *rule) or job.prompt(options) is None:
+        return result
+    started = time.perf_counter()
+    try:
+        retry = decoder.decode([job.window()], decoding, prompts=[None])[0]
+    except Exception:  # noqa: BLE001 - the window already has a result
+        return result
+    finally:
+        job.decode_s += time.perf_counter() - started
+    job.prompt_retries += 1
+    return result if judged_silent(retry, *rule) else retry
 
 
 def _best_attempt(attempts: list[tuple[Any, float]], options: TranscribeOptions) -> tuple[Any, float]:
@@ -174,8 +187,8 @@ def _best_attempt(attempts: list[tuple[Any, float]], options: TranscribeOptions)
     return max(no_loop or attempts, key=score)
 
 
-def _with_fallback(decoder: Any, job: _LongForm, result: Any, decoding: DecodingOptions,
-                   options: TranscribeOptions) -> Any:
+def _with_fallback(decoder: Decoder, job: _LongForm, result: DecodingResult, decoding: DecodingOptions,
+                   options: TranscribeOptions) -> DecodingResult:
     """Decode the job's window again at rising temperatures while the result looks failed; when every
     temperature fails, the most probable attempt is kept (_best_attempt)."""
     temperature = decoding.temperature
@@ -200,31 +213,18 @@ def _with_fallback(decoder: Any, job: _LongForm, result: Any, decoding: Decoding
     return result
 
 
-def _timestamp_begin(decoder: Any) -> int:
-    tokenizer = decoder.pair.processor.tokenizer
-    return int(tokenizer.convert_tokens_to_ids("<|notimestamps|>")) + 1
+def _timestamp_begin(decoder: Decoder) -> int:
+    return decoder.pair.target.generation_config.no_timestamps_token_id + 1
 
 
-def _aggregate_stats(results: list[Any], mode: str) -> dict[str, Any]:
-    keys = ("tokens_out", "target_calls", "draft_calls", "drafted", "accepted",
-            "encoder_s", "draft_s", "target_s", "verify_s", "total_s")
-    totals: dict[str, Any] = {k: 0 for k in keys}
-    shared = None
-    for res in results:
-        stats = res.stats
-        for k in keys:
-            totals[k] += getattr(stats, k, 0) or 0
-        shared = getattr(stats, "shared_encoder", shared)
-    totals["mode"] = mode
-    totals["shared_encoder"] = shared
-    totals["windows"] = len(results)
-    totals["acceptance_rate"] = totals["accepted"] / totals["drafted"] if totals["drafted"] else None
-    totals["mean_accepted_per_step"] = (totals["accepted"] / totals["target_calls"]
-                                        if totals["target_calls"] and mode not in ("off",) else None)
+def _aggregate_stats(results: list[DecodingResult]) -> dict[str, Any]:
+    """The file's decoding statistics: its windows' summed (DecodingStats.total), per-step timings left out."""
+    totals = dataclasses.asdict(DecodingStats.total([r.stats for r in results]))
+    totals.pop("verify_steps")
     return totals
 
 
-def transcribe_many(decoder: Any, items: Iterable[tuple[Any, str | Path | np.ndarray]],
+def transcribe_many(decoder: Decoder, items: Iterable[tuple[Any, str | Path | np.ndarray]],
                     options: TranscribeOptions = TranscribeOptions(),
                     on_progress: Callable[[float], None] | None = None,
                     ) -> Iterator[tuple[Any, Transcript | Exception]]:
@@ -279,7 +279,8 @@ def transcribe_many(decoder: Any, items: Iterable[tuple[Any, str | Path | np.nda
             if isinstance(outcome, Exception):
                 finished.append((job, outcome))
                 continue
-            result, seconds = outcome
+            result, _ = outcome
+            result = _unless_dropped_for_its_prompt(decoder, job, result, decoding, options)
             result = _with_fallback(decoder, job, result, decoding, options)
             before = job.seek
             _advance(job, result, ts_begin, decode_text, options)
@@ -296,7 +297,7 @@ def transcribe_many(decoder: Any, items: Iterable[tuple[Any, str | Path | np.nda
             yield job.key, (error if error is not None else _finish(job, decoder, decoding))
 
 
-def _decode_round(decoder: Any, jobs: list[_LongForm], decoding: DecodingOptions, options: TranscribeOptions):
+def _decode_round(decoder: Decoder, jobs: list[_LongForm], decoding: DecodingOptions, options: TranscribeOptions):
     """Decode the current window of every job in one call; on failure retry one by one so one bad
     file does not sink the others."""
     windows = [job.window() for job in jobs]
@@ -324,13 +325,13 @@ def _decode_round(decoder: Any, jobs: list[_LongForm], decoding: DecodingOptions
         yield job, (result, share)
 
 
-def _advance(job: _LongForm, result: Any, ts_begin: int, decode_text: Callable[[list[int]], str],
+def _advance(job: _LongForm, result: DecodingResult, ts_begin: int, decode_text: Callable[[list[int]], str],
              options: TranscribeOptions) -> None:
     window_samples = len(job.window())
     window_s = window_samples / SAMPLE_RATE
     job.windows += 1
     job.results.append(result)
-    if result.no_speech_prob > options.no_speech_threshold and result.avg_logprob < options.logprob_threshold:
+    if judged_silent(result, options.no_speech_threshold, options.logprob_threshold):
         job.seek += window_samples
         return
     segments, advance = split_window(list(result.tokens), ts_begin, window_s, decode_text)
@@ -355,7 +356,7 @@ def _language(job: _LongForm, decoding: DecodingOptions) -> tuple[str | None, fl
     return (getattr(first, "language", None) or decoding.language), getattr(first, "language_probability", None)
 
 
-def _finish(job: _LongForm, decoder: Any, decoding: DecodingOptions) -> Transcript:
+def _finish(job: _LongForm, decoder: Decoder, decoding: DecodingOptions) -> Transcript:
     duration = len(job.audio) / SAMPLE_RATE
     language, language_probability = _language(job, decoding)
     total = time.perf_counter() - job.started + getattr(job, "load_s", 0.0)
@@ -371,12 +372,12 @@ def _finish(job: _LongForm, decoder: Any, decoding: DecodingOptions) -> Transcri
                "device": str(getattr(pair, "device", "")), "dtype": str(getattr(pair, "dtype", "")).removeprefix("torch.")},
         timings={"load_s": round(getattr(job, "load_s", 0.0), 4), "decode_s": round(job.decode_s, 4),
                  "total_s": round(total, 4), "rtf": round(job.decode_s / duration, 4) if duration else 0.0},
-        stats={**_aggregate_stats(job.results, decoding.mode), "temperature_fallbacks": job.fallbacks,
+        stats={**(_aggregate_stats(job.results) if job.results else {"mode": decoding.mode, "windows": 0}), "temperature_fallbacks": job.fallbacks, "prompt_retries": job.prompt_retries,
                "window_temperatures": job.temperatures, "language_probability": language_probability},
     )
 
 
-def transcribe(decoder: Any, audio_or_path: str | Path | np.ndarray,
+def transcribe(decoder: Decoder, audio_or_path: str | Path | np.ndarray,
                options: TranscribeOptions = TranscribeOptions()) -> Transcript:
     """Long-form transcription of one file or 16 kHz array; raises on bad input."""
     [(_, outcome)] = list(transcribe_many(decoder, [(0, audio_or_path)], options))
