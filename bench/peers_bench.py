@@ -1,12 +1,14 @@
 """Short-clip transcription on the CPU, side by side with the peers on the same tiny.en weights.
 
 13 real clips (jfk, 4 LibriSpeech test-clean, LJ001-0001..0008; 82.5 s), each one 30 s window, greedy,
-no timestamps, English, batch 1. Engines, interleaved clip by clip so load changes hit all alike:
+no timestamps, English, batch 1. Each repeat runs every engine over all clips, engine by engine, in an
+order rotated from repeat to repeat, so load changes hit all alike. Engines:
 
 - `transformers`: `WhisperForConditionalGeneration.generate` (the same checkpoint our loader builds);
 - `faster-whisper fp32` / `int8`: faster-whisper (CTranslate2) on the offline extra's tiny.en;
-- ours `off` (target only) and `exact` (speculative, the distilled draft; greedy verification), through
-  `SpeculativeDecoder.decode`, feature extraction included as for the others.
+- ours `off` (target only) and `exact <K>` (speculative, the distilled draft with a K-token head, 0 = the
+  whole vocabulary; greedy verification), through `SpeculativeDecoder.decode`, feature extraction included
+  as for the others.
 
 Per engine: RTFx (audio seconds / median compute seconds, summed over clips), and for ours also the
 decoding loop alone (total minus feature extraction and encoder, from the decoder's own statistics).
@@ -21,6 +23,8 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -85,38 +89,62 @@ def our_engine(decoder: SpeculativeDecoder, mode: str):
     return run
 
 
-def measure(engines: dict, data, repeats: int) -> dict:
-    times = {name: [[] for _ in data] for name in engines}
-    loop_times = {name: [[] for _ in data] for name in engines}
-    texts, stats = {}, {}
-    for run in engines.values():  # warm-up
-        run(data[0][1])
-    for _ in range(repeats):
-        for i, (_, audio, _) in enumerate(data):
-            for name, run in engines.items():
-                t0 = time.perf_counter()
-                text, st = run(audio)
-                times[name][i].append(time.perf_counter() - t0)
-                texts.setdefault(name, [None] * len(data))[i] = text
-                if st is not None:
-                    loop_times[name][i].append(st.total_s - st.encoder_s)
-                    stats.setdefault(name, [None] * len(data))[i] = st
+def build_engine(name: str, shared: Path, threads: int):
+    """One engine by name: 'transformers', 'faster-whisper fp32|int8', 'ours off', 'ours exact <K>'."""
+    models = shared / "models"
+    if name.startswith("faster-whisper"):
+        return faster_whisper_engine(offline_model_dir(), name.split()[-1].replace("fp32", "float32"), threads)
+    pair = load_pair(target=str(models / "whisper-tiny.en"), draft=str(models / "distil-tiny.en-draft"), device="cpu")
+    if name == "transformers":
+        return transformers_engine(pair)
+    if name == "ours off":
+        return our_engine(SpeculativeDecoder(pair), "off")
+    size = int(name.split()[-1])
+    return our_engine(SpeculativeDecoder(pair, runtime=RuntimeOptions(draft_vocab=size or None)), "exact")
+
+
+def child(name: str, shared: Path, threads: int) -> dict:
+    """Run one engine once over every clip (after a warm-up clip), in this process only."""
+    torch.set_num_threads(threads)
+    data = clips(shared)
+    run = build_engine(name, shared, threads)
+    run(data[0][1])
+    out = {"times": [], "loops": [], "texts": [], "stats": []}
+    for _, audio, _ in data:
+        t0 = time.perf_counter()
+        text, st = run(audio)
+        out["times"].append(time.perf_counter() - t0)
+        out["texts"].append(text)
+        if st is not None:
+            out["loops"].append(st.total_s - st.encoder_s)
+            out["stats"].append([st.tokens_out, st.target_calls, st.drafted, st.accepted])
+    return out
+
+
+def measure(names: list[str], shared: Path, threads: int, repeats: int) -> dict:
+    """Every engine in a process of its own (engines sharing a process were measured to slow each other:
+    CTranslate2's thread pool next to torch's), repeat by repeat in a rotated order so that load changes on
+    the machine hit all alike; per clip the median over repeats."""
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            proc = subprocess.run([sys.executable, __file__, "--child", name, "--threads", str(threads),
+                                   "--shared", str(shared)], capture_output=True, text=True, check=True)
+            runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(f"  repeat {r + 1}/{repeats}: {name}", file=sys.stderr, flush=True)
+    data = clips(shared)
     audio_s = sum(len(a) for _, a, _ in data) / 16_000
-    normalise = english_normalizer(spelling_map_from_dir(SHARED / "models" / "whisper-tiny.en"))
+    normalise = english_normalizer(spelling_map_from_dir(shared / "models" / "whisper-tiny.en"))
     refs = [normalise(r) for _, _, r in data]
     out = {}
-    for name in engines:
-        total = sum(statistics.median(t) for t in times[name])
-        row = {"rtfx": audio_s / total, "total_s": total, "wer": corpus_wer(refs, [normalise(t) for t in texts[name]]).wer,
-               "per_clip_median_s": [statistics.median(t) for t in times[name]], "texts": texts[name]}
-        if name in stats:
-            st = stats[name]
-            row["loop_s"] = sum(statistics.median(t) for t in loop_times[name])
-            row["encoder_s"] = total - row["loop_s"]
-            row["tokens"] = sum(s.tokens_out for s in st)
-            row["target_calls"] = sum(s.target_calls for s in st)
-            drafted = sum(s.drafted for s in st)
-            row["acceptance"] = sum(s.accepted for s in st) / drafted if drafted else None
+    for name, rs in runs.items():
+        total = sum(statistics.median(r["times"][i] for r in rs) for i in range(len(data)))
+        row = {"rtfx": audio_s / total, "total_s": total,
+               "wer": corpus_wer(refs, [normalise(t) for t in rs[-1]["texts"]]).wer, "texts": rs[-1]["texts"]}
+        if rs[0]["loops"]:
+            row["loop_s"] = sum(statistics.median(r["loops"][i] for r in rs) for i in range(len(data)))
+            tokens, calls, drafted, accepted = (sum(s[k] for s in rs[-1]["stats"]) for k in range(4))
+            row.update(tokens=tokens, target_calls=calls, acceptance=accepted / drafted if drafted else None)
         out[name] = row
     return {"audio_s": audio_s, "engines": out}
 
@@ -163,26 +191,16 @@ def main(argv=None) -> None:
     ap.add_argument("--draft-vocab", type=int, nargs="+", default=[RuntimeOptions().draft_vocab],
                     help="draft head sizes to run `exact` with (0 = the whole vocabulary)")
     ap.add_argument("--out", type=Path, default=RESULTS / "peers_bench.json")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    data = clips(args.shared)
-    models = args.shared / "models"
-    pair = load_pair(target=str(models / "whisper-tiny.en"), draft=str(models / "distil-tiny.en-draft"), device="cpu")
-    ct2 = offline_model_dir()
-    engines = {"transformers": transformers_engine(pair)}
-    if ct2 is not None:
-        engines["faster-whisper fp32"] = faster_whisper_engine(ct2, "float32", args.threads)
-        engines["faster-whisper int8"] = faster_whisper_engine(ct2, "int8", args.threads)
-    ours = SpeculativeDecoder(pair)
-    engines["ours off"] = our_engine(ours, "off")
-    for size in args.draft_vocab:
-        runtime = RuntimeOptions(draft_vocab=size or None)
-        label = f"ours exact (draft head {size or 'full'})"
-        engines[label] = our_engine(SpeculativeDecoder(pair, runtime=runtime), "exact")
-    print(f"{len(data)} clips, {sum(len(a) for _, a, _ in data) / 16_000:.1f} s of audio, {args.repeats} repeats, "
-          f"{args.threads} threads", flush=True)
-    report = measure(engines, data, args.repeats)
-    report["config"] = {"repeats": args.repeats, "threads": args.threads, "clips": [n for n, _, _ in data],
+    if args.child:
+        print(json.dumps(child(args.child, args.shared, args.threads)))
+        return
+    names = ["transformers", "faster-whisper fp32", "faster-whisper int8", "ours off",
+             *(f"ours exact {size}" for size in args.draft_vocab)]
+    print(f"13 clips, {args.repeats} repeats, {args.threads} threads, one process per engine and repeat", flush=True)
+    report = measure(names, args.shared, args.threads, args.repeats)
+    report["config"] = {"repeats": args.repeats, "threads": args.threads,
                         "torch": torch.__version__, "machine": platform.processor() or platform.machine()}
     print(table(report))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -61,7 +61,7 @@ class _Captured:
     """One step function captured for one key: static inputs, a position scalar, static outputs."""
 
     def __init__(self, fn: StepFn, tensors: dict[str, torch.Tensor], static: dict, length: int,
-                 max_positions: int, mode: GraphMode, pool) -> None:
+                 max_positions: int, mode: GraphMode) -> None:
         device = next(iter(tensors.values())).device
         self.mode = mode
         self.inputs = {name: t.clone() for name, t in tensors.items()}
@@ -72,7 +72,6 @@ class _Captured:
         self.static = static
         self.outputs: dict[str, torch.Tensor] | None = None
         self.graph = None
-        self.pool = pool
 
     def _body(self) -> dict[str, torch.Tensor]:
         positions = self.start + self.offsets
@@ -87,7 +86,9 @@ class _Captured:
                 self._body()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=self.pool, capture_error_mode="thread_local"):
+        # Each graph gets its own memory pool (graphs of different keys never alias each other), and the
+        # capture ignores other threads' CUDA work (the web app serves several sessions).
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.outputs = self._body()
 
     def run(self, tensors: dict[str, torch.Tensor], start: int) -> dict[str, torch.Tensor]:
@@ -116,7 +117,6 @@ class StepRunner:
         self.mode = mode
         self.max_positions = max_positions
         self.captured: dict[tuple, _Captured] = {}
-        self.pool = torch.cuda.graph_pool_handle() if mode == "cuda" else None
 
     def run(self, key: tuple, fn: StepFn, tensors: dict[str, torch.Tensor], start: int, length: int,
             capturable: bool = True, **static):
@@ -134,6 +134,5 @@ class StepRunner:
             return fn(positions=positions, span=span, mask=mask, **tensors, **static)
         step = self.captured.get(key)
         if step is None:
-            step = self.captured[key] = _Captured(fn, tensors, static, length, self.max_positions, self.mode,
-                                                  self.pool)
+            step = self.captured[key] = _Captured(fn, tensors, static, length, self.max_positions, self.mode)
         return step.run(tensors, start)
