@@ -35,6 +35,16 @@ def parse_gamma(value: str) -> int | str:
     return gamma
 
 
+def parse_bool(value: str) -> bool:
+    """openai-whisper's booleans: True/False (any case), also yes/no and 1/0."""
+    text = value.strip().lower()
+    if text in ("true", "yes", "1"):
+        return True
+    if text in ("false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
+
+
 def parse_temperatures(value: str) -> tuple[float, ...]:
     """'0' or a comma-separated schedule '0,0.2,0.4' (the first, then the fallback ones); each finite, in [0, 1]."""
     try:

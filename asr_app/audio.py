@@ -34,24 +34,129 @@ def is_audio_path(path: str | Path) -> bool:
     return Path(path).suffix.lower() in AUDIO_EXTENSIONS
 
 
-def load_audio(path: str | Path) -> np.ndarray:
-    """Read an audio file as float32 mono 16 kHz; `AudioLoadError` if it cannot be used."""
-    path = Path(path)
-    if not path.exists():
-        raise AudioLoadError(f"{path}: file not found")
+def _check_file(path: Path) -> None:
+    """Clear reasons for the file-system problems libsndfile words badly ("System error.", "possibly a pipe?")."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise AudioLoadError(f"{path}: file not found") from None
+    except OSError as exc:  # ELOOP (a symlink loop), EACCES on a folder on the way, ...
+        raise AudioLoadError(f"{path}: cannot be opened ({exc.strerror or exc})") from None
     if path.is_dir():
         raise AudioLoadError(f"{path}: is a directory, not an audio file")
-    if path.stat().st_size == 0:
+    if info.st_size == 0:
         raise AudioLoadError(f"{path}: file is empty (0 bytes)")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise AudioLoadError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def _sndfile_error(path: Path, exc: Exception) -> AudioLoadError:
+    text = str(exc)
+    if "possibly a pipe" in text or "System error" in text:  # libsndfile's words for a broken file
+        text = "its data is corrupt, or the format is not one libsndfile decodes"
+    # otherwise libsndfile's own wording ("Format not recognised", "unknown error in flac decoder") is
+    # the useful part of the reason, so keep it.
+    return AudioLoadError(f"{path}: not a readable audio file ({text})")
+
+
+def load_audio(path: str | Path) -> np.ndarray:
+    """Read an audio file as float32 mono 16 kHz; `AudioLoadError` if it cannot be used. The whole file is in
+    memory: long files go through `AudioFileReader` instead."""
+    path = Path(path)
+    _check_file(path)
     try:
         samples, rate = sf.read(str(path), dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
-        # libsndfile's own wording ("Format not recognised", "unknown error in flac decoder") is
-        # the useful part of the reason, so keep it.
-        raise AudioLoadError(f"{path}: not a readable audio file ({exc})") from exc
+        raise _sndfile_error(path, exc) from exc
     if samples.shape[0] == 0:
         raise AudioLoadError(f"{path}: contains no audio samples (zero length)")
     return prepare_audio(samples, rate, source=str(path))
+
+
+class AudioFileReader:
+    """A file's audio as 16 kHz mono float32, read from disk and resampled block by block, so memory stays
+    bounded whatever the file's length: the caller asks for windows whose starts never go back, and only
+    the samples from the earliest start still needed are kept.
+
+    Blocks are downmixed and resampled with soxr's streaming resampler (the same engine as `load_audio`;
+    values agree to float rounding)."""
+
+    BLOCK_S = 10.0
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        _check_file(self.path)
+        try:
+            self._file = sf.SoundFile(str(self.path))
+        except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
+            raise _sndfile_error(self.path, exc) from exc
+        if self._file.frames == 0:
+            self._file.close()
+            raise AudioLoadError(f"{self.path}: contains no audio samples (zero length)")
+        self.rate = self._file.samplerate
+        self._resampler = (soxr.ResampleStream(self.rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
+                           if self.rate != SAMPLE_RATE else None)
+        self._buffer = np.zeros(0, dtype=np.float32)
+        self._buffer_start = 0  # 16 kHz sample index of self._buffer[0]
+        self._ended = False
+
+    @property
+    def duration(self) -> float:
+        """Seconds, from the header."""
+        return self._file.frames / self.rate
+
+    @property
+    def samples(self) -> int:
+        """16 kHz samples, from the header (the resampled stream may differ by a sample or two)."""
+        return int(round(self._file.frames * SAMPLE_RATE / self.rate))
+
+    def _read_block(self) -> None:
+        try:
+            block = self._file.read(int(self.BLOCK_S * self.rate), dtype="float32", always_2d=True)
+        except (sf.LibsndfileError, RuntimeError) as exc:
+            raise _sndfile_error(self.path, exc) from exc
+        last = block.shape[0] == 0 or self._file.tell() >= self._file.frames
+        mono = block.mean(axis=1, dtype=np.float32) if block.size else np.zeros(0, dtype=np.float32)
+        if not np.isfinite(mono).all():
+            raise AudioLoadError(f"{self.path}: {int((~np.isfinite(mono)).sum())} samples are NaN or infinite")
+        if self._resampler is not None:
+            mono = self._resampler.resample_chunk(mono, last=last)
+        self._buffer = np.concatenate([self._buffer, mono.astype(np.float32, copy=False)])
+        self._ended = last
+
+    def window(self, start: int, length: int) -> np.ndarray:
+        """16 kHz samples [start, start + length) (shorter at the end of the file). `start` must not be
+        before the previous call's; samples before it are released."""
+        if start < self._buffer_start:
+            raise ValueError(f"window start {start} is before {self._buffer_start}: the reader only goes forward")
+        drop = start - self._buffer_start
+        self._buffer, self._buffer_start = self._buffer[drop:], start
+        while not self._ended and self._buffer.size < length:
+            self._read_block()
+        return self._buffer[:length].copy()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class ArrayAudio:
+    """An array already in memory, behind the same `window` / `samples` interface as `AudioFileReader`."""
+
+    def __init__(self, audio: np.ndarray) -> None:
+        self.audio = audio
+
+    @property
+    def samples(self) -> int:
+        return len(self.audio)
+
+    def window(self, start: int, length: int) -> np.ndarray:
+        return self.audio[start:start + length]
+
+    def close(self) -> None:
+        pass
 
 
 def prepare_audio(samples: np.ndarray, sample_rate: int, *, source: str = "audio array") -> np.ndarray:

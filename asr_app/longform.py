@@ -28,19 +28,24 @@ from asr_app.audio import (
     SAMPLE_RATE,
     SILENCE_RMS,
     WINDOW_SECONDS,
+    ArrayAudio,
+    AudioFileReader,
     AudioLoadError,
     is_silent,
-    load_audio,
     prepare_audio,
 )
+from asr_app.decoding.alignment import attach_words, shift_words
 from asr_app.decoding.options import DecodingOptions, DecodingResult, DecodingStats, Segment
 from asr_app.decoding.protocol import Decoder
 from asr_app.decoding.silence import LOGPROB_THRESHOLD, NO_SPEECH_THRESHOLD, judged_silent
 from asr_app.decoding.text import SECONDS_PER_TIMESTAMP
 from asr_app.transcript import Transcript
+from asr_app.vad import SpeechDetector
 
 WINDOW_SAMPLES = int(WINDOW_SECONDS * SAMPLE_RATE)
 MIN_TAIL_SECONDS = 0.1         # a shorter remainder is not worth a window (and invites hallucinations)
+VAD_PAD_S = 0.2                # with --vad_filter, a window starts this much before the speech it found
+VAD_MIN_SKIP_S = 1.0           # ... when the speech starts more than this far into the window
 TEMPERATURE_FALLBACK = (0.2, 0.4, 0.6, 0.8, 1.0)   # openai/whisper's schedule after T = 0
 
 __all__ = ["TranscribeOptions", "transcribe", "transcribe_many"]
@@ -50,7 +55,7 @@ __all__ = ["TranscribeOptions", "transcribe", "transcribe_many"]
 class TranscribeOptions:
     decoding: DecodingOptions | None = None  # None: the decoder's own options (timestamps forced on)
     condition_on_previous_text: bool = True
-    prompt_chars: int = 200                  # how much previous text to pass as the prompt
+    prompt_tokens: int = 223                 # earlier tokens passed as the prompt (openai/whisper: n_ctx // 2 - 1)
     initial_prompt: str | None = None        # text before the audio: spellings, names, style (--initial_prompt)
     no_speech_threshold: float = NO_SPEECH_THRESHOLD  # Whisper's silence rule (decoding/silence.py)
     logprob_threshold: float = LOGPROB_THRESHOLD
@@ -58,14 +63,17 @@ class TranscribeOptions:
     batch_size: int = 1
     temperature_fallback: tuple[float, ...] = TEMPERATURE_FALLBACK  # retry temperatures; () = no fallback
     compression_ratio_threshold: float | None = 2.4  # text compressing better than this is a repetition loop
+    vad_filter: bool = False                 # skip windows without speech by Silero VAD (asr_app/vad.py)
 
 
 class _LongForm:
-    """One file's progress through its windows."""
+    """One file's progress through its windows; its audio is read window by window (bounded memory)."""
 
-    def __init__(self, key: Any, source: str, audio: np.ndarray):
+    def __init__(self, key: Any, source: str, audio: AudioFileReader | ArrayAudio):
         self.key, self.source, self.audio = key, source, audio
+        self.total = audio.samples
         self.seek = 0
+        self._window: tuple[int, np.ndarray] | None = None
         self.segments: list[Segment] = []
         self.decode_s = 0.0
         self.windows = 0
@@ -75,21 +83,26 @@ class _LongForm:
         self.fallbacks = 0                   # extra decodes made by the temperature fallback
         self.prompt_from = 0                 # segments before this index are not used as prompt
         self.prompt_retries = 0              # windows decoded again without the prompt (no-speech rule)
+        self.load_s = 0.0
+        self.context: list[list[int]] = []   # per segment: its tokens as decoded, window-relative timestamps
+        self.initial_tokens: list[int] = []  # the initial prompt's tokens
 
     @property
     def done(self) -> bool:
-        return len(self.audio) - self.seek < MIN_TAIL_SECONDS * SAMPLE_RATE
+        return self.total - self.seek < MIN_TAIL_SECONDS * SAMPLE_RATE
 
     def window(self) -> np.ndarray:
-        return self.audio[self.seek:self.seek + WINDOW_SAMPLES]
+        if self._window is None or self._window[0] != self.seek:
+            self._window = (self.seek, self.audio.window(self.seek, WINDOW_SAMPLES))
+        return self._window[1]
 
-    def prompt(self, options: TranscribeOptions) -> str | None:
-        """The initial prompt (if any), then the previous windows' text, keeping the end (openai/whisper
-        keeps the initial prompt in front of every window's prompt the same way)."""
-        previous = self.segments[self.prompt_from:] if options.condition_on_previous_text else []
-        parts = [options.initial_prompt or "", *(s.text for s in previous)]
-        text = " ".join(p.strip() for p in parts if p.strip())[-options.prompt_chars:]
-        return text.strip() or None
+    def prompt(self, options: TranscribeOptions) -> list[int] | None:
+        """The initial prompt's tokens (if any), then the latest tokens of the previous windows with their
+        timestamps (openai/whisper's prompt; the initial prompt stays in front)."""
+        previous = self.context[self.prompt_from:] if options.condition_on_previous_text else []
+        room = max(0, options.prompt_tokens - len(self.initial_tokens))
+        tail = [t for piece in previous for t in piece][-room:] if room else []
+        return (self.initial_tokens + tail) or None
 
 
 def split_window(tokens: list[int], timestamp_begin: int, window_s: float,
@@ -224,77 +237,111 @@ def _aggregate_stats(results: list[DecodingResult]) -> dict[str, Any]:
     return totals
 
 
+def _open(key: Any, src: str | Path | np.ndarray) -> _LongForm:
+    """A file (read window by window) or a 16 kHz array as a job; raises when it cannot be used."""
+    started = time.perf_counter()
+    is_path = isinstance(src, (str, Path))
+    audio = AudioFileReader(src) if is_path else ArrayAudio(prepare_audio(src, SAMPLE_RATE))
+    if audio.samples == 0:
+        raise AudioLoadError(f"{src if is_path else 'audio array'}: no samples")
+    job = _LongForm(key, str(src) if is_path else "audio array", audio)
+    job.load_s = time.perf_counter() - started
+    return job
+
+
+def _skip_unspoken(job: _LongForm, options: TranscribeOptions, vad: SpeechDetector | None) -> bool:
+    """True when the job's window is not decoded this round: it is silent (energy gate) or, with a VAD,
+    holds no speech (both consumed), or speech starts well into it (the job moves to just before it)."""
+    window = job.window()
+    if is_silent(window, options.energy_threshold):  # Whisper invents words on silence
+        job.seek += len(window)
+        job.windows += 1
+        return True
+    if vad is None:
+        return False
+    spans = vad.speech(window)
+    if not spans:
+        job.seek += len(window)
+        job.windows += 1
+        return True
+    skip = spans[0][0] - int(VAD_PAD_S * SAMPLE_RATE)
+    if skip > VAD_MIN_SKIP_S * SAMPLE_RATE:
+        job.seek += skip
+        return True
+    return False
+
+
+def _decoded(job: _LongForm, result: DecodingResult, decoder: Decoder, decoding: DecodingOptions,
+             options: TranscribeOptions, ts_begin: int, decode_text) -> None:
+    """A decoded window: second chances (prompt, temperature), then its segments and the next seek."""
+    result = _unless_dropped_for_its_prompt(decoder, job, result, decoding, options)
+    result = _with_fallback(decoder, job, result, decoding, options)
+    _advance(job, result, ts_begin, decode_text, options)
+    if job.temperatures[-1] > 0.5:
+        job.prompt_from = len(job.segments)  # do not condition the next window on a sampled window
+
+
 def transcribe_many(decoder: Decoder, items: Iterable[tuple[Any, str | Path | np.ndarray]],
                     options: TranscribeOptions = TranscribeOptions(),
                     on_progress: Callable[[float], None] | None = None,
                     ) -> Iterator[tuple[Any, Transcript | Exception]]:
     """Transcribe (key, path-or-16k-array) items, yielding (key, Transcript or the error) as each finishes.
 
-    Up to `options.batch_size` files are decoded together. A file that cannot be loaded or
+    Up to `options.batch_size` files are decoded together. A file that cannot be loaded, read or
     decoded yields its exception and the others carry on. `on_progress(seconds)` is called
     with the audio seconds consumed after every window.
     """
-    base = options.decoding if options.decoding is not None else decoder.options
-    decoding = dataclasses.replace(base, timestamps=True)
+    decoding = dataclasses.replace(options.decoding or decoder.options, timestamps=True)
     ts_begin = _timestamp_begin(decoder)
     tokenizer = decoder.pair.processor.tokenizer
+    vad = SpeechDetector() if options.vad_filter else None
+    initial = (tokenizer(" " + options.initial_prompt.strip(), add_special_tokens=False)["input_ids"]
+               if options.initial_prompt and options.initial_prompt.strip() else [])
 
     def decode_text(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
-    pending = iter(items)
-    active: list[_LongForm] = []
-    exhausted = False
+    def progress(job: _LongForm, before: int) -> None:
+        if on_progress:
+            on_progress((min(job.seek, job.total) - before) / SAMPLE_RATE)
+
+    pending, active = iter(items), []
     while True:
-        while not exhausted and len(active) < max(1, options.batch_size):
-            try:
-                key, src = next(pending)
-            except StopIteration:
-                exhausted = True
+        while len(active) < max(1, options.batch_size):
+            item = next(pending, None)
+            if item is None:
                 break
             try:
-                started = time.perf_counter()
-                audio = load_audio(src) if isinstance(src, (str, Path)) else prepare_audio(src, SAMPLE_RATE)
-                if audio.size == 0:
-                    raise AudioLoadError(f"{src if isinstance(src, (str, Path)) else 'audio array'}: no samples")
-                job = _LongForm(key, str(src) if isinstance(src, (str, Path)) else "audio array", audio)
-                job.load_s = time.perf_counter() - started  # type: ignore[attr-defined]
-                active.append(job)
+                active.append(_open(*item))
+                active[-1].initial_tokens = list(initial)
             except Exception as exc:  # noqa: BLE001 - reported per file, the batch goes on
-                yield key, exc
+                yield item[0], exc
         if not active:
             return
-        finished: list[tuple[_LongForm, Exception | None]] = []
-        for job in [j for j in active if is_silent(j.window(), options.energy_threshold)]:
-            # Whisper invents words on silence; a silent window is consumed without decoding it.
+        failed: dict[int, Exception] = {}
+        audible = []
+        for job in active:
             before = job.seek
-            job.seek += len(job.window())
-            job.windows += 1
-            if on_progress:
-                on_progress((job.seek - before) / SAMPLE_RATE)
-            if job.done:
-                finished.append((job, None))
-        audible = [j for j in active if all(j is not f for f, _ in finished)]
+            try:  # read the round's window now: a file that breaks mid-way fails alone
+                skipped = _skip_unspoken(job, options, vad)
+            except Exception as exc:  # noqa: BLE001
+                failed[id(job)] = exc
+                continue
+            if skipped:
+                progress(job, before)
+            else:
+                audible.append(job)
         for job, outcome in _decode_round(decoder, audible, decoding, options) if audible else ():
             if isinstance(outcome, Exception):
-                finished.append((job, outcome))
+                failed[id(job)] = outcome
                 continue
-            result, _ = outcome
-            result = _unless_dropped_for_its_prompt(decoder, job, result, decoding, options)
-            result = _with_fallback(decoder, job, result, decoding, options)
             before = job.seek
-            _advance(job, result, ts_begin, decode_text, options)
-            if job.temperatures[-1] > 0.5:
-                job.prompt_from = len(job.segments)  # do not condition the next window on a sampled window
-            if on_progress:
-                on_progress((min(job.seek, len(job.audio)) - before) / SAMPLE_RATE)
-            if job.done:
-                if on_progress and job.seek < len(job.audio):
-                    on_progress((len(job.audio) - job.seek) / SAMPLE_RATE)
-                finished.append((job, None))
-        for job, error in finished:
+            _decoded(job, outcome[0], decoder, decoding, options, ts_begin, decode_text)
+            progress(job, before)
+        for job in [j for j in active if id(j) in failed or j.done]:
             active.remove(job)
-            yield job.key, (error if error is not None else _finish(job, decoder, decoding))
+            job.audio.close()
+            yield job.key, failed.get(id(job)) or _finish(job, decoder, decoding)
 
 
 def _decode_round(decoder: Decoder, jobs: list[_LongForm], decoding: DecodingOptions, options: TranscribeOptions):
@@ -335,15 +382,24 @@ def _advance(job: _LongForm, result: DecodingResult, ts_begin: int, decode_text:
         job.seek += window_samples
         return
     segments, advance = split_window(list(result.tokens), ts_begin, window_s, decode_text)
+    if any(s.words is not None for s in result.segments):
+        attach_words(segments, [w for s in result.segments for w in s.words or []])
     offset = job.seek / SAMPLE_RATE
     floor = job.segments[-1].end if job.segments else 0.0
     for seg in segments:
         # Absolute times, kept monotone (a segment never starts before the previous one ended).
         start = max(offset + seg.start, floor)
         end = max(offset + seg.end, start)
-        job.segments.append(Segment(round(start, 3), round(end, 3), seg.text, seg.tokens))
+        words = shift_words(seg.words, offset, floor)
+        job.segments.append(Segment(round(start, 3), round(end, 3), seg.text, seg.tokens, words))
+        job.context.append([_stamp(seg.start, ts_begin), *seg.tokens, _stamp(seg.end, ts_begin)])
         floor = end
     job.seek += min(window_samples, max(1, int(round(advance * SAMPLE_RATE))))
+
+
+def _stamp(seconds: float, ts_begin: int) -> int:
+    """The timestamp token of a window-relative time."""
+    return ts_begin + max(0, min(1500, int(round(seconds / SECONDS_PER_TIMESTAMP))))
 
 
 def _language(job: _LongForm, decoding: DecodingOptions) -> tuple[str | None, float | None]:
@@ -357,9 +413,9 @@ def _language(job: _LongForm, decoding: DecodingOptions) -> tuple[str | None, fl
 
 
 def _finish(job: _LongForm, decoder: Decoder, decoding: DecodingOptions) -> Transcript:
-    duration = len(job.audio) / SAMPLE_RATE
+    duration = job.total / SAMPLE_RATE
     language, language_probability = _language(job, decoding)
-    total = time.perf_counter() - job.started + getattr(job, "load_s", 0.0)
+    total = time.perf_counter() - job.started + job.load_s
     pair = decoder.pair
     return Transcript(
         source=job.source,
@@ -370,7 +426,7 @@ def _finish(job: _LongForm, decoder: Decoder, decoding: DecodingOptions) -> Tran
         mode=decoding.mode,
         model={"target": getattr(pair, "target_name", None), "draft": getattr(pair, "draft_name", None),
                "device": str(getattr(pair, "device", "")), "dtype": str(getattr(pair, "dtype", "")).removeprefix("torch.")},
-        timings={"load_s": round(getattr(job, "load_s", 0.0), 4), "decode_s": round(job.decode_s, 4),
+        timings={"load_s": round(job.load_s, 4), "decode_s": round(job.decode_s, 4),
                  "total_s": round(total, 4), "rtf": round(job.decode_s / duration, 4) if duration else 0.0},
         stats={**(_aggregate_stats(job.results) if job.results else {"mode": decoding.mode, "windows": 0}), "temperature_fallbacks": job.fallbacks, "prompt_retries": job.prompt_retries,
                "window_temperatures": job.temperatures, "language_probability": language_probability},

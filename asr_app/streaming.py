@@ -1,15 +1,19 @@
-"""Chunked streaming: re-decode a growing audio buffer and commit text with LocalAgreement-2.
+"""Chunked streaming: re-decode a growing audio buffer and commit text as it becomes stable.
 
-The processor follows whisper_streaming's OnlineASRProcessor: three verbs
-(`insert_audio`, `process`, `finish`), a buffer that is re-decoded every `step_s` of new
-audio, a commit policy that keeps only the words two consecutive hypotheses agree on,
-and buffer trimming at committed segment boundaries with the committed text passed to
-the decoder as prompt context.
+The processor follows whisper_streaming's OnlineASRProcessor: three verbs (`insert_audio`,
+`process`, `finish`), a buffer that is re-decoded as soon as the previous decode is done and at
+least `step_s` of new audio has arrived (the decoder's cost sets the pace), a commit policy, and
+buffer trimming at committed segment boundaries with the committed text passed to the decoder as
+prompt context. Two commit policies (docs/streaming.md):
 
-Word times: Whisper's timestamp tokens give *segment* boundaries only. Word start/end
-times are interpolated inside each segment in proportion to the words' character counts
-(`words_from_segments`). They are estimates (typically within a few hundred ms), and the
-latency figures computed from them (`latency_report`) inherit that error.
+- `local-agreement` (LocalAgreement-2, whisper_streaming): commit the words two consecutive
+  hypotheses agree on;
+- `alignatt` (AlignAtt, Papi et al. 2023, as in SimulStreaming): commit the words the target's
+  cross-attention has moved past, i.e. that end at least `frontier_s` before the end of the buffer.
+
+Word times come from the target's cross-attention (decoding/alignment.py: Whisper's DTW over the
+alignment heads). With `word_alignment=False` they are interpolated inside Whisper's timestamped
+segments in proportion to the words' lengths instead (cheaper, and off by up to seconds).
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ from asr_app.audio import SAMPLE_RATE, SILENCE_RMS, WINDOW_SECONDS, peak_frame_r
 from asr_app.decoding.options import DecodingOptions
 from asr_app.decoding.protocol import Decoder
 from asr_app.decoding.silence import LOGPROB_THRESHOLD, NO_SPEECH_THRESHOLD, judged_silent
+from asr_app.vad import SpeechDetector
 
 _NORMALISE = re.compile(r"[^\w']+")
+STEP_S = 0.3  # least new audio before a re-decode (docs/streaming.md: chosen from bench/stream_bench.py)
 
 
 @dataclass(frozen=True)
@@ -44,28 +50,39 @@ class Word:
 
 
 def words_from_segments(segments: Sequence[Any], offset: float = 0.0, limit: float | None = None) -> list[Word]:
-    """Split timestamped segments into words with interpolated times (see module docstring).
+    """Words in stream time: the segments' aligned words when they have them, else interpolated.
 
-    `segments` are objects with start/end/text relative to the decoded window; `offset`
-    shifts them to stream time; `limit` (the window's audio length) clamps timestamps the
-    model placed past the end of the audio it actually heard.
+    `segments` are objects with start/end/text (and maybe words) relative to the decoded window;
+    `offset` shifts them to stream time; `limit` (the window's audio length) clamps times the model
+    placed past the end of the audio it actually heard.
     """
     words: list[Word] = []
     for seg in segments:
-        start, end = float(seg.start), float(seg.end)
-        if limit is not None:
-            start, end = min(start, limit), min(end, limit)
-        end = max(end, start)
-        pieces = seg.text.split()
-        total = sum(len(p) for p in pieces)
-        if not pieces:
+        if getattr(seg, "words", None):
+            for w in seg.words:
+                start = min(float(w.start), limit) if limit is not None else float(w.start)
+                end = min(float(w.end), limit) if limit is not None else float(w.end)
+                if w.word.strip():
+                    words.append(Word(offset + start, offset + max(end, start), w.word.strip()))
             continue
-        done = 0
-        for piece in pieces:
-            w_start = start + (end - start) * done / total
-            done += len(piece)
-            w_end = start + (end - start) * done / total
-            words.append(Word(offset + w_start, offset + w_end, piece))
+        words.extend(_interpolated(seg, offset, limit))
+    return words
+
+
+def _interpolated(seg: Any, offset: float, limit: float | None) -> list[Word]:
+    """A segment's words with times spread over it in proportion to their lengths."""
+    start, end = float(seg.start), float(seg.end)
+    if limit is not None:
+        start, end = min(start, limit), min(end, limit)
+    end = max(end, start)
+    pieces = seg.text.split()
+    total = sum(len(p) for p in pieces)
+    words, done = [], 0
+    for piece in pieces:
+        w_start = start + (end - start) * done / total
+        done += len(piece)
+        w_end = start + (end - start) * done / total
+        words.append(Word(offset + w_start, offset + w_end, piece))
     return words
 
 
@@ -73,20 +90,27 @@ def join_words(words: Sequence[Word]) -> str:
     return " ".join(w.text for w in words)
 
 
-class LocalAgreement:
-    """LocalAgreement-2: commit the longest common prefix of the last two hypotheses.
+class CommitPolicy:
+    """What a commit policy keeps: committed words still in the buffer, the uncommitted tail.
 
-    Each hypothesis is the full word sequence decoded from the current buffer, so it repeats
-    the words already committed inside the buffer; those are matched and skipped first (by
-    text, falling back to times and an n-gram check when the model rewrote them). Committed
-    words never change; `tail` is the uncommitted rest of the newest hypothesis.
+    Each hypothesis is the full word sequence decoded from the current buffer, so it repeats the
+    words already committed inside the buffer; those are matched and skipped first (by text,
+    falling back to times and an n-gram check when the model rewrote them). Committed words never
+    change; `tail` is the uncommitted rest of the newest hypothesis. Subclasses decide, in
+    `insert`, which words of the uncommitted part become final.
     """
+
+    name = "policy"
 
     def __init__(self) -> None:
         self.in_buffer: list[Word] = []   # committed words whose audio is still in the buffer
         self.committed_end = 0.0          # end time of the last committed word
         self.tail: list[Word] = []        # newest hypothesis minus what is committed
-        self._previous: list[Word] | None = None
+
+    def insert(self, hypothesis: Sequence[Word], buffer_end: float) -> list[Word]:
+        """Add a new hypothesis of the buffer (which ends at stream time `buffer_end`); returns the
+        words it commits (maybe none)."""
+        raise NotImplementedError
 
     def _uncommitted_part(self, hypothesis: Sequence[Word]) -> list[Word]:
         i = 0
@@ -103,33 +127,23 @@ class LocalAgreement:
                 return rest[n:]
         return rest
 
-    def insert(self, hypothesis: Sequence[Word]) -> list[Word]:
-        """Add a new hypothesis of the buffer; returns the words committed by it (maybe none)."""
-        new = self._uncommitted_part(hypothesis)
-        agreed: list[Word] = []
-        if self._previous is not None:
-            for old, cur in zip(self._previous, new):
-                if old.key != cur.key:
-                    break
-                agreed.append(cur)
-        committed = self._commit(agreed)
-        self.tail = new[len(agreed):]
-        self._previous = self.tail
-        return committed
-
     def flush(self) -> list[Word]:
         """Commit the whole tail (end of stream, or a forced buffer cut)."""
         flushed = self._commit(self.tail)
-        self.tail, self._previous = [], None
+        self.tail = []
+        self._forget_hypothesis()
         return flushed
+
+    def _forget_hypothesis(self) -> None:
+        pass
 
     def trim(self, before: float) -> None:
         """The buffer now starts at `before`: forget committed words that lie before it."""
         self.in_buffer = [w for w in self.in_buffer if w.end > before + 1e-6]
 
     def _commit(self, words: Sequence[Word]) -> list[Word]:
-        # Interpolated times from different hypotheses can overlap slightly; committed times are
-        # made monotone so that the final transcript's timeline never runs backwards.
+        # Times from different hypotheses can overlap slightly; committed times are made monotone so
+        # that the final transcript's timeline never runs backwards.
         fixed: list[Word] = []
         floor = self.committed_end
         for w in words:
@@ -142,15 +156,79 @@ class LocalAgreement:
         return fixed
 
 
+class LocalAgreement(CommitPolicy):
+    """LocalAgreement-2: commit the longest common prefix of the last two hypotheses."""
+
+    name = "local-agreement"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._previous: list[Word] | None = None
+
+    def insert(self, hypothesis: Sequence[Word], buffer_end: float = float("inf")) -> list[Word]:
+        new = self._uncommitted_part(hypothesis)
+        agreed: list[Word] = []
+        if self._previous is not None:
+            for old, cur in zip(self._previous, new):
+                if old.key != cur.key:
+                    break
+                agreed.append(cur)
+        committed = self._commit(agreed)
+        self.tail = new[len(agreed):]
+        self._previous = self.tail
+        return committed
+
+    def _forget_hypothesis(self) -> None:
+        self._previous = None
+
+
+class AlignAtt(CommitPolicy):
+    """AlignAtt: commit the words whose audio the target's attention has already moved past.
+
+    A word is final once its aligned end lies at least `frontier_s` before the end of the buffer:
+    the model has heard what follows it, so new audio is unlikely to change it (Papi et al. 2023
+    stop decoding where the attention reaches the last frames; SimulStreaming's default margin is
+    25 frames = 0.5 s). Words are committed in order: the first one too close to the end stops it.
+    """
+
+    name = "alignatt"
+
+    def __init__(self, frontier_s: float = 0.5) -> None:
+        super().__init__()
+        self.frontier_s = frontier_s
+
+    def insert(self, hypothesis: Sequence[Word], buffer_end: float) -> list[Word]:
+        new = self._uncommitted_part(hypothesis)
+        ready = 0
+        while ready < len(new) and new[ready].end <= buffer_end - self.frontier_s:
+            ready += 1
+        committed = self._commit(new[:ready])
+        self.tail = new[ready:]
+        return committed
+
+
+POLICIES = {"local-agreement": LocalAgreement, "alignatt": AlignAtt}
+
+
+def commit_policy(name: str, frontier_s: float = 0.5) -> CommitPolicy:
+    if name not in POLICIES:
+        raise ValueError(f"unknown commit policy '{name}'; choose one of {', '.join(POLICIES)}")
+    return AlignAtt(frontier_s) if name == "alignatt" else LocalAgreement()
+
+
 @dataclass(frozen=True)
 class StreamingOptions:
-    step_s: float = 1.0               # re-decode after this much new audio
+    step_s: float = STEP_S            # re-decode once the previous decode is done and this much new audio came
+    policy: str = "local-agreement"   # commit policy: local-agreement | alignatt (docs/streaming.md)
+    frontier_s: float = 0.5           # alignatt: a word is final once it ends this far before the buffer's end
+    word_alignment: bool = True       # word times from cross-attention (else interpolated in segments)
     trim_s: float = 15.0              # once the buffer is longer, cut it at a committed segment end
     max_buffer_s: float = WINDOW_SECONDS  # hard cap (Whisper's window); forces a cut when reached
     prompt_chars: int = 200           # committed text before the buffer, passed as the decoder prompt
     no_speech_threshold: float = NO_SPEECH_THRESHOLD  # Whisper's no-speech rule (decoding/silence.py)
     logprob_threshold: float = LOGPROB_THRESHOLD
     energy_threshold: float = SILENCE_RMS  # RMS (of 30 ms frames) below which the whole buffer is silence
+    vad_filter: bool = False          # a buffer Silero VAD finds no speech in is silence too (asr_app/vad.py)
     reuse_hypothesis: bool = True     # offer the previous decode of the buffer as a hint (same result, faster)
     decoding: DecodingOptions | None = None  # None = the decoder's own, with timestamps on
 
@@ -190,12 +268,15 @@ class StreamingProcessor:
                  clock: Callable[[], float] = time.monotonic):
         if options.max_buffer_s > WINDOW_SECONDS or options.step_s <= 0:
             raise ValueError("need 0 < step_s and max_buffer_s <= 30 (Whisper's window)")
+        if options.policy == "alignatt" and not options.word_alignment:
+            raise ValueError("the alignatt policy needs word_alignment (word times from cross-attention)")
         self.decoder = decoder
         self.options = options
         base = options.decoding if options.decoding is not None else decoder.options
-        self.decoding = dataclasses.replace(base, timestamps=True)
+        self.decoding = dataclasses.replace(base, timestamps=True, word_timestamps=options.word_alignment)
         self.clock = clock
-        self.agreement = LocalAgreement()
+        self.vad = SpeechDetector() if options.vad_filter else None
+        self.agreement = commit_policy(options.policy, options.frontier_s)
         self.committed: list[Word] = []
         self.steps: list[StepRecord] = []
         self._buffer = np.zeros(0, dtype=np.float32)
@@ -298,6 +379,8 @@ class StreamingProcessor:
         """Decode the buffer -> (words in stream time, segments, skipped as silence, decoding stats)."""
         if peak_frame_rms(self._buffer) < self.options.energy_threshold:
             return [], [], True, None
+        if self.vad is not None and not self.vad.speech(self._buffer):
+            return [], [], True, None
         prompt = self._prompt()
         hint = None
         if self.options.reuse_hypothesis and self._previous is not None:
@@ -334,7 +417,7 @@ class StreamingProcessor:
         self.steps.append(StepRecord(self._buffer_start, self._buffer_start + self.buffer_seconds, compute, silent,
                                      acceptance, stats.hinted if stats else 0, stats.hint_accepted if stats else 0,
                                      stats.target_calls if stats else 0))
-        newly = self.agreement.insert(words)
+        newly = self.agreement.insert(words, self._buffer_start + self.buffer_seconds)
         if newly:
             self.committed.extend(newly)
             events.append(self._event("commit", newly))
@@ -352,8 +435,17 @@ class StreamingProcessor:
         return events
 
     def _trim_at_segment(self, segments: list[Any]) -> None:
-        """Cut at the latest segment end that lies inside the committed text."""
+        """Cut where the committed text ends. With aligned word times that is the last committed word's end:
+        the prompt then holds exactly the words before the cut and the buffer exactly the audio after
+        them. (A cut at a segment end before committed words left them in the audio but out of the
+        prompt, and tiny.en then skipped them and what followed.) Interpolated times are too rough for
+        that: there the cut is at the latest segment end inside the committed text, as whisper_streaming
+        does."""
         limit = self.agreement.committed_end + 0.05
+        if self.options.word_alignment and self.agreement.in_buffer:
+            if self._buffer_start < self.agreement.committed_end:
+                self._cut(self.agreement.committed_end)
+            return
         ends = [self._buffer_start + float(s.end) for s in segments]
         candidates = [e for e in ends if self._buffer_start < e <= limit]
         if candidates:

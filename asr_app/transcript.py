@@ -27,7 +27,8 @@ class Transcript:
 def jsonable(value: Any) -> Any:
     """Dataclass/NumPy values -> plain JSON types (used by Transcript.to_dict)."""
     if hasattr(value, "__dataclass_fields__"):
-        return {k: jsonable(getattr(value, k)) for k in value.__dataclass_fields__}
+        return {k: jsonable(getattr(value, k)) for k, f in value.__dataclass_fields__.items()
+                if f.metadata.get("json", True)}
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -33,8 +33,17 @@ def format_timestamp(seconds: float, decimal_marker: str = ",") -> str:
     return f"{hours:02d}:{minutes:02d}:{secs:02d}{decimal_marker}{millis:03d}"
 
 
-def _cues(transcript: Transcript) -> Iterable[tuple[float, float, str]]:
+def _cues(transcript: Transcript, max_words: int | None = None) -> Iterable[tuple[float, float, str]]:
+    """(start, end, text) per subtitle cue: one per segment, or groups of at most `max_words` words timed by
+    the words themselves when the transcript has word timestamps."""
     for seg in transcript.segments:
+        if max_words and seg.words:
+            for i in range(0, len(seg.words), max_words):
+                group = seg.words[i : i + max_words]
+                text = " ".join("".join(w.word for w in group).split())
+                if text:
+                    yield group[0].start, max(group[-1].end, group[0].start + 0.001), text
+            continue
         # Blank lines end a cue in SRT/VTT, so collapse all whitespace in the text.
         text = " ".join(seg.text.split())
         if text:
@@ -46,15 +55,15 @@ def to_txt(transcript: Transcript) -> str:
     return "\n".join(line for line in lines if line) + "\n"
 
 
-def to_srt(transcript: Transcript) -> str:
+def to_srt(transcript: Transcript, max_words: int | None = None) -> str:
     blocks = [f"{i}\n{format_timestamp(start)} --> {format_timestamp(end)}\n{text}\n"
-              for i, (start, end, text) in enumerate(_cues(transcript), start=1)]
+              for i, (start, end, text) in enumerate(_cues(transcript, max_words), start=1)]
     return "\n".join(blocks)
 
 
-def to_vtt(transcript: Transcript) -> str:
+def to_vtt(transcript: Transcript, max_words: int | None = None) -> str:
     blocks = [f"{format_timestamp(start, '.')} --> {format_timestamp(end, '.')}\n{text}\n"
-              for start, end, text in _cues(transcript)]
+              for start, end, text in _cues(transcript, max_words)]
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 
@@ -76,13 +85,22 @@ def output_paths(out_dir: str | Path, stem: str, formats: Sequence[str]) -> list
     return [Path(out_dir) / f"{stem}.{fmt}" for fmt in formats]
 
 
-def write_outputs(transcript: Transcript, out_dir: str | Path, stem: str, formats: Sequence[str]) -> list[Path]:
+def render(transcript: Transcript, fmt: str, max_words_per_line: int | None = None) -> str:
+    """One output format; `max_words_per_line` makes SRT/VTT cues of that many words (word timestamps)."""
+    if fmt in ("srt", "vtt") and max_words_per_line:
+        return RENDERERS[fmt](transcript, max_words_per_line)
+    return RENDERERS[fmt](transcript)
+
+
+def write_outputs(transcript: Transcript, out_dir: str | Path, stem: str, formats: Sequence[str],
+                  max_words_per_line: int | None = None) -> list[Path]:
     """Render every format, then write them all together or none (fileio.write_all_atomic); returns the
     written paths. JSON is renamed last."""
     out_dir = Path(out_dir)
     (out_dir / stem).parent.mkdir(parents=True, exist_ok=True)  # stems may hold sub-folders
     ordered = sorted(formats, key=lambda fmt: fmt == "json")
-    return write_all_atomic({out_dir / f"{stem}.{fmt}": RENDERERS[fmt](transcript) for fmt in ordered})
+    return write_all_atomic({out_dir / f"{stem}.{fmt}": render(transcript, fmt, max_words_per_line)
+                             for fmt in ordered})
 
 
 def remove_stale_temps(out_dir: str | Path) -> list[Path]:

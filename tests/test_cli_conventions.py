@@ -13,11 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, REPO_ROOT, TINY_EN_DIR, lj_clip
 
 from asr_app import fileio
 from asr_app.arguments import add_model_args, check_args, parse_temperatures
+from asr_app.audio import ArrayAudio
 from asr_app.cli import transcribe as cli
 from asr_app.decoding import Segment
 from asr_app.languages import LANGUAGES, language_code
@@ -206,12 +208,16 @@ def test_corrupt_empty_and_swapped_checkpoints_are_clear_errors(tmp_path):
 def test_initial_prompt_leads_every_windows_prompt():
     from asr_app.longform import TranscribeOptions, _LongForm
 
-    job = _LongForm("k", "x", __import__("numpy").zeros(16_000, dtype="float32"))
-    options = TranscribeOptions(initial_prompt="Glossary: Kennedy.")
-    assert job.prompt(options) == "Glossary: Kennedy."
-    job.segments.append(Segment(0, 1, " And so my fellow Americans", []))
-    assert job.prompt(options) == "Glossary: Kennedy. And so my fellow Americans"
-    assert job.prompt(TranscribeOptions()) == "And so my fellow Americans"
+    job = _LongForm("k", "x", ArrayAudio(np.zeros(16_000, dtype=np.float32)))
+    job.initial_tokens = [11, 12]
+    options = TranscribeOptions(initial_prompt="Glossary: Kennedy.", prompt_tokens=5)
+    assert job.prompt(options) == [11, 12]
+    job.context += [[50363, 1, 2, 50400], [50363, 3, 50380]]  # earlier windows' tokens, timestamps included
+    assert job.prompt(options) == [11, 12, 50363, 3, 50380]  # the initial prompt first, then the latest tokens
+    job.initial_tokens = []
+    assert job.prompt(TranscribeOptions()) == [50363, 1, 2, 50400, 50363, 3, 50380]
+    job.prompt_from = 2
+    assert job.prompt(TranscribeOptions()) is None
 
 
 def test_readme_commands_are_the_ones_ci_runs():

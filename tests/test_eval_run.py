@@ -102,6 +102,8 @@ def test_two_mode_sampling_run_writes_all_outputs(tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert "## Table 1 (paper shape)" in report and "Sigmoid scale sweep" not in report
     assert "LibriSpeech test-clean (2 utt.)" in report
+    # On CPU the verify time is the process CPU time of the verify calls, and the report says so.
+    assert summary["summaries"]["exact"]["verify_clock"] == "process-cpu" and "process CPU time" in report
     for png in ("wer_vs_latency.png", "verify_time_vs_gamma.png", "acceptance_histogram.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
@@ -149,6 +151,7 @@ def test_corrupt_audio_empty_reference_and_greedy_sweep(tmp_path, capsys):
     assert wer["insertions"] >= empty_hyp_words
     report = (out / "report.md").read_text()
     assert "## Excluded utterances" in report and "1089-134686-0001" in report
+    assert "(2 utt.)" in report and "(3 utt.)" not in report  # the table counts what was evaluated
     # The sweep brought in the baseline it is compared with; greedy makes every variant agree with it.
     assert summary["modes"] == ["baseline", "sigmoid@1e1"]
     sweep = summary["summaries"]["sigmoid@1e1"]

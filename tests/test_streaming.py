@@ -13,6 +13,7 @@ from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, TINY_EN_DIR, lj_clip, lj_text, 
 from asr_app.audio import SAMPLE_RATE, FileSource, load_audio
 from asr_app.decoding import DecodingOptions
 from asr_app.streaming import (
+    AlignAtt,
     LocalAgreement,
     StreamingOptions,
     StreamingProcessor,
@@ -73,6 +74,18 @@ def test_flush_commits_tail_and_trim_forgets_old_words():
     assert la.tail == [] and la.committed_end == 1.0
     la.trim(0.6)
     assert [w.text for w in la.in_buffer] == ["y"]
+
+
+def test_alignatt_commits_words_the_attention_has_moved_past():
+    policy = AlignAtt(frontier_s=0.5)
+    # Buffer ends at 3.0: words ending by 2.5 are final, the rest waits.
+    assert [w.text for w in policy.insert(hyp(("a", 1.0), ("b", 2.4), ("c", 2.8)), 3.0)] == ["a", "b"]
+    assert [w.text for w in policy.tail] == ["c"]
+    # One hypothesis is enough (no second one needed, unlike LocalAgreement-2); committed words are skipped.
+    assert [w.text for w in policy.insert(hyp(("a", 1.0), ("b", 2.4), ("c", 2.8), ("d", 3.6)), 4.0)] == ["c"]
+    # A word too close to the end stops the commit, even if later words would qualify by time.
+    assert policy.insert(hyp(("a", 1.0), ("b", 2.4), ("c", 2.8), ("d", 4.2), ("e", 3.9)), 4.5) == []
+    assert [w.text for w in policy.flush()] == ["d", "e"]
 
 
 def test_words_from_segments_interpolates_by_characters():
@@ -201,6 +214,42 @@ def test_silence_yields_no_text(decoder):
     assert processor.buffer_seconds <= 1.5  # silent audio is not kept
 
 
+def test_stream_word_times_come_from_cross_attention(decoder):
+    """JFK's "my" ends near 1.4 s (transformers' word timestamps place it 1.38-1.44 s); segment interpolation
+    put it seconds away."""
+    processor, _ = run_stream(decoder, load_audio(JFK_FLAC), StreamingOptions(step_s=1.0))
+    words = {w.text.strip(",.").lower(): w for w in processor.committed}
+    assert abs(words["my"].end - 1.44) < 0.3 and abs(words["fellow"].start - 1.44) < 0.3
+    assert abs(words["country"].end - 10.7) < 0.6
+
+
+def test_alignatt_commits_sooner_with_the_same_text(decoder):
+    audio = load_audio(lj_clip("LJ001-0001"))  # 10 s of dense read speech
+    offline = decoder.decode([audio])[0].text
+    runs = {}
+    for policy in ("local-agreement", "alignatt"):
+        processor, events = run_stream(decoder, audio, StreamingOptions(step_s=1.0, policy=policy))
+        lags = [e.audio_received - w.end for e in events if e.kind == "commit" for w in e.words]
+        runs[policy] = (processor.committed_text, float(np.median(lags)))
+        assert jiwer.wer(normalise(offline), normalise(processor.committed_text)) <= 0.1, processor.committed_text
+    # Audio-time lag of the policy alone (unpaced) at a 1 s step: one hypothesis instead of two agreeing
+    # ones a step apart (at short steps, where hypotheses come back to back, LocalAgreement-2 catches up).
+    assert runs["alignatt"][1] < runs["local-agreement"][1], runs
+
+
+def test_sentence_lines_break_at_sentence_ends_and_pauses():
+    from asr_app.cli.stream import SentenceLines
+
+    lines = SentenceLines(pause_s=0.8, idle_s=0.8)
+    words = [Word(0.0, 0.3, "Hello"), Word(0.3, 0.6, "there."), Word(0.7, 1.0, "How"), Word(1.0, 1.2, "are"),
+             Word(2.5, 2.8, "you"), Word(2.8, 3.0, "today")]
+    assert lines.add(words) == ["Hello there.", "How are"]  # sentence end, then a 1.3 s pause
+    assert lines.idle(3.5, speech_pending=False) == []
+    assert lines.idle(3.9, speech_pending=True) == []  # more words are on their way
+    assert lines.idle(3.9, speech_pending=False) == ["you today"]
+    assert lines.close() == []
+
+
 # -- asr-stream --------------------------------------------------------------------------
 
 MODEL_ARGS = ["--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR), "--device", "cpu"]
@@ -246,3 +295,17 @@ def test_asr_stream_ctrl_c_flushes_last_words(stream_cli, capsys, monkeypatch):
     text = normalise(capsys.readouterr().out)
     # Everything said in the first 5 s is printed, including what was not yet agreed on.
     assert text.startswith("and so my fellow americans ask not") and "country can do for you" not in text
+
+
+def test_asr_stream_piped_prints_one_line_per_sentence(stream_cli, capsys, tmp_path):
+    import soundfile as sf
+
+    clips = [load_audio(lj_clip("LJ001-0002")), np.zeros(SAMPLE_RATE, dtype=np.float32),
+             load_audio(lj_clip("LJ001-0008"))]
+    joined = tmp_path / "two.flac"
+    sf.write(joined, np.concatenate(clips), SAMPLE_RATE)
+    assert stream_cli.main(["--simulate", str(joined), "--fast", "--plain", "--policy", "alignatt", *MODEL_ARGS]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2, lines  # one line per sentence, not one per commit
+    assert normalise(lines[0]) == "in being comparatively modern" and lines[0].endswith(".")
+    assert normalise(lines[1]) == "has never been surpassed" and lines[1].endswith(".")

@@ -18,6 +18,7 @@ import soundfile as sf
 from conftest import (
     DISTIL_DRAFT_DIR,
     JFK_FLAC,
+    LIBRISPEECH_DIR,
     LJSPEECH_DIR,
     REPO_ROOT,
     TINY_EN_DIR,
@@ -173,6 +174,22 @@ def test_long_form_over_30s_has_monotone_timestamps(decoder):
     # clean speech needs no temperature fallback
     assert result.stats["temperature_fallbacks"] == 0
     assert result.stats["window_temperatures"] == [0.0] * result.stats["windows"]
+
+
+def test_dense_speech_keeps_its_timestamps_window_after_window(decoder):
+    """The prompt carries the earlier windows' timestamps: with a text-only prompt tiny.en stopped giving
+    timestamps after the first window, each window was taken whole, and the speech after its text was lost."""
+    clips = [JFK_FLAC, *sorted(LIBRISPEECH_DIR.rglob("*.flac")), *[lj_clip(f"LJ001-{i:04d}") for i in range(1, 9)]]
+    gap = np.zeros(int(0.4 * SAMPLE_RATE), dtype=np.float32)
+    audio = np.concatenate([part for c in clips for part in (load_audio(c), gap)])
+    assert len(audio) / SAMPLE_RATE > 80
+    result = transcribe(decoder, audio, TranscribeOptions())
+    assert result.stats["windows"] >= 4
+    assert max(s.end - s.start for s in result.segments) < 20.0  # no window swallowed whole
+    reference = " ".join([(JFK_FLAC.parent / "jfk.txt").read_text()] + [
+        line.split(" ", 1)[1] for t in sorted(LIBRISPEECH_DIR.rglob("*.trans.txt")) for line in t.read_text().splitlines()
+    ] + [lj_text(f"LJ001-{i:04d}") for i in range(1, 9)])
+    assert jiwer.wer(normalise(reference), normalise(result.text)) < 0.12, result.text
 
 
 def test_fallback_rule_flags_loops_and_improbable_text_but_not_silence():

@@ -6,6 +6,7 @@ Microphone audio is fed exactly as the browser sends it: 48 kHz stereo int16 chu
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -205,6 +206,12 @@ def test_file_tab_transcribes_with_timestamps_and_downloads(engine):
     assert "-->" in srt and "country" in srt
     assert Path(next(f for f in outcome.files if f.endswith(".vtt"))).read_text().startswith("WEBVTT")
     assert outcome.stats["mode"] == "exact" and 0 < outcome.stats["acceptance_rate"] <= 1
+    saved = json.loads(Path(next(f for f in outcome.files if f.endswith(".json"))).read_text())
+    assert saved["source"] == "jfk.flac"  # the upload's name, not where the server keeps it
+    # Word times, in the table and in the JSON download.
+    assert " ".join(row[0] for row in outcome.words) == " ".join(outcome.text.split())
+    assert all(row[1] <= row[2] for row in outcome.words) and outcome.words[-1][2] <= 11.1
+    assert [w["word"] for s in saved["segments"] for w in s["words"]][:2] == [" And", " so"]
 
 
 def test_file_tab_bad_inputs_give_a_clear_message(engine, tmp_path):
@@ -212,13 +219,14 @@ def test_file_tab_bad_inputs_give_a_clear_message(engine, tmp_path):
     notes.write_text("this is not audio\n")
     outcome = transcribe_file(engine, notes, "exact", 0.0)
     assert "notes.txt" in outcome.message and "not a readable audio file" in outcome.message
+    assert str(tmp_path) not in outcome.message  # the server's folders are not the user's business
     assert outcome.text == "" and outcome.files == []
     empty = tmp_path / "empty.wav"
     empty.write_bytes(b"")
     assert "empty" in transcribe_file(engine, empty, "exact", 0.0).message
     assert "Upload or record" in transcribe_file(engine, None, "exact", 0.0).message
     compared = compare_modes(engine, notes, "", 0.0)
-    assert "notes.txt" in compared.message and compared.runs == []
+    assert "notes.txt" in compared.message and compared.runs == [] and str(tmp_path) not in compared.message
 
 
 def test_file_tab_silence_and_very_short_clip(engine, tmp_path):

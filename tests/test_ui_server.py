@@ -45,38 +45,48 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def launch(folder: Path, *extra: str, env: dict | None = None):
+    """Start app.py on a free port; (process, url, log path) once the page answers."""
     port = free_port()
-    log_path = tmp_path_factory.mktemp("app") / "server.log"
-    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    log_path = folder / "server.log"
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **(env or {}))
     cmd = [sys.executable, str(REPO_ROOT / "app.py"), "--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR),
-           "--device", "cpu", "--threads", "1", "--host", "127.0.0.1", "--port", str(port)]
+           "--device", "cpu", "--threads", "1", "--host", "127.0.0.1", "--port", str(port), *extra]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"app.py exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return proc, url, log_path
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"app.py did not start within {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
+        time.sleep(0.5)
+
+
+def stop(proc) -> None:
+    proc.terminate()
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"app.py exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"app.py did not start within {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.5)
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    proc, url, log_path = launch(tmp_path_factory.mktemp("app"))
+    try:
         yield url, log_path
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def test_page_header_names_the_model_pair(server):
@@ -89,14 +99,35 @@ def test_page_header_names_the_model_pair(server):
 def test_file_endpoint_over_http(server):
     url, _ = server
     client = Client(url, verbose=False)
-    message, text, segments, files, stats = client.predict(
+    message, text, segments, files, stats, words = client.predict(
         handle_file(str(JFK_FLAC)), "exact", 0.0, api_name="/transcribe_file")
+    assert [row[0] for row in words["data"][:4]] == ["And", "so", "my", "fellow"]
+    assert all(0 <= row[1] <= row[2] <= 11.1 for row in words["data"])
     assert message == ""
     assert word_error_rate(JFK_TEXT, text) < 0.1
     assert segments["data"] and segments["data"][0][0] == 0.0
     downloaded = sorted(Path(f).suffix for f in files)
     assert downloaded == [".json", ".srt", ".vtt"]
     assert stats["mode"] == "exact" and stats["acceptance_rate"] > 0
+
+
+def test_upload_limit_and_cleanup_on_sigterm(tmp_path):
+    # Uploads above --max-upload-mb are refused with a message; SIGTERM removes the app's own folders.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc, url, _ = launch(tmp_path, "--max-upload-mb", "1", env={"TMPDIR": str(scratch)})
+    try:
+        client = Client(url, verbose=False)
+        message, text, *_ = client.predict(handle_file(str(JFK_FLAC)), "exact", 0.0, api_name="/transcribe_file")
+        assert message == "" and "country" in text  # 190 kB: under the limit
+        big = tmp_path / "big.wav"
+        sf.write(big, np.zeros(16_000 * 60, dtype=np.float32), 16_000, subtype="FLOAT")  # 3.8 MB
+        with pytest.raises(Exception, match="(?i)size|large|exceed"):
+            client.predict(handle_file(str(big)), "exact", 0.0, api_name="/transcribe_file")
+        assert list(scratch.glob("asr_app_ui_*"))  # the downloads folder exists while the app runs
+    finally:
+        stop(proc)
+    assert proc.returncode == 0 and not list(scratch.glob("asr_app_ui_*"))
 
 
 def test_compare_endpoint_over_http(server):
@@ -127,10 +158,10 @@ def test_non_audio_upload_over_http_is_a_message(server, tmp_path):
     url, _ = server
     notes = tmp_path / "notes.txt"
     notes.write_text("not audio at all\n")
-    message, text, _, files, _ = Client(url, verbose=False).predict(
+    message, text, _, files, _, words = Client(url, verbose=False).predict(
         handle_file(str(notes)), "exact", 0.0, api_name="/transcribe_file")
     assert "notes.txt" in message and "not a readable audio file" in message
-    assert text == "" and not files
+    assert text == "" and not files and not any(any(row) for row in words["data"])
 
 
 def test_two_concurrent_clients_get_their_own_results(server):

@@ -20,41 +20,99 @@ from typing import TextIO
 
 from asr_app.arguments import add_model_args, check_args_or_report, load_decoder_or_report
 from asr_app.audio import AudioLoadError, FileSource, MicrophoneError, MicrophoneSource
-from asr_app.streaming import StreamEvent, StreamingOptions, StreamingProcessor, latency_report
+from asr_app.streaming import STEP_S, StreamEvent, StreamingOptions, StreamingProcessor, latency_report
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asr-stream", description="Streaming speech recognition.")
     parser.add_argument("--simulate", metavar="FILE", help="stream this audio file instead of the microphone")
     parser.add_argument("--fast", action="store_true", help="with --simulate: as fast as possible, not real time")
-    parser.add_argument("--step", type=float, default=1.0, help="seconds of new audio between decodes (default 1)")
+    parser.add_argument("--step", type=float, default=STEP_S, metavar="S",
+                        help="decode again as soon as the previous decode is done and S seconds of new audio "
+                             f"arrived (default {STEP_S})")
+    parser.add_argument("--policy", choices=("local-agreement", "alignatt"), default="local-agreement",
+                        help="when words become final: two consecutive hypotheses agree (local-agreement, "
+                             "default) or the target's attention has moved past them (alignatt)")
+    parser.add_argument("--frontier", type=float, default=0.5, metavar="S",
+                        help="alignatt: a word is final once it ends S seconds before the newest audio")
     parser.add_argument("--block", type=float, default=0.1, help="audio block size in seconds (default 0.1)")
     parser.add_argument("--input-device", default=None, help="sounddevice input device (index or name)")
+    parser.add_argument("--vad_filter", "--vad-filter", action="store_true",
+                        help="treat audio Silero VAD finds no speech in as silence (the vad extra)")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--jsonl", action="store_true", help="print every event as a JSON line")
-    output.add_argument("--plain", action="store_true", help="only committed text, one line per commit")
+    output.add_argument("--plain", action="store_true",
+                        help="only final text, one line per sentence or pause (the default when piped)")
     parser.add_argument("--stats", action="store_true", help="print latency/RTF statistics to stderr at the end")
     add_model_args(parser)
     return parser
 
 
+SENTENCE_END = (".", "?", "!", "。", "？", "！")
+PAUSE_S = 0.8  # a gap this long in the audio between committed words ends a plain-output line
+IDLE_S = 2.0   # this much audio after the line's last word with nothing being recognised ends it too
+
+
+class SentenceLines:
+    """Committed words -> whole lines: one per sentence, or per pause when speech stops unpunctuated."""
+
+    def __init__(self, pause_s: float = PAUSE_S, idle_s: float = IDLE_S) -> None:
+        self.pause_s, self.idle_s = pause_s, idle_s
+        self.words: list = []
+
+    def add(self, words) -> list[str]:
+        lines = []
+        for word in words:
+            if self.words and word.start - self.words[-1].end >= self.pause_s:
+                lines.append(self._take())
+            self.words.append(word)
+            if word.text.endswith(SENTENCE_END):
+                lines.append(self._take())
+        return lines
+
+    def idle(self, audio_now: float, speech_pending: bool) -> list[str]:
+        """Audio went on and nothing after the line's last word is being recognised (`speech_pending`:
+        an unconfirmed tail exists): after `idle_s` (longer than a commit policy's lag) the line ends."""
+        if self.words and not speech_pending and audio_now - self.words[-1].end >= self.idle_s:
+            return [self._take()]
+        return []
+
+    def close(self) -> list[str]:
+        return [self._take()] if self.words else []
+
+    def _take(self) -> str:
+        line, self.words = " ".join(w.text for w in self.words), []
+        return line
+
+
 class Printer:
-    """Renders events as JSON lines, plain lines, or an in-place updated terminal line."""
+    """Renders events as JSON lines, plain lines (one per sentence or pause), or an in-place updated
+    terminal line."""
 
     def __init__(self, out: TextIO, style: str):
         self.out, self.style = out, style
         self._tail_shown = False
+        self.lines = SentenceLines()
+        self._tail = ""  # the unconfirmed words the processor shows now
 
-    def __call__(self, events: list[StreamEvent]) -> None:
+    def __call__(self, events: list[StreamEvent], audio_now: float | None = None) -> None:
         for event in events:
             if self.style == "jsonl":
                 self.out.write(json.dumps(event.to_dict()) + "\n")
             elif self.style == "plain":
-                if event.kind == "commit" and event.text:
-                    self.out.write(event.text + "\n")
+                if event.kind == "commit":
+                    self._write_lines(self.lines.add(event.words))
+                else:
+                    self._tail = event.text
             else:
                 self._terminal(event)
+        if self.style == "plain" and audio_now is not None:
+            self._write_lines(self.lines.idle(audio_now, speech_pending=bool(self._tail.strip())))
         self.out.flush()
+
+    def _write_lines(self, lines: list[str]) -> None:
+        for line in lines:
+            self.out.write(line + "\n")
 
     def _terminal(self, event: StreamEvent) -> None:
         if self._tail_shown:
@@ -67,11 +125,13 @@ class Printer:
             self._tail_shown = True
 
     def close(self) -> None:
+        if self.style == "plain":
+            self._write_lines(self.lines.close())
         if self.style == "terminal":
             if self._tail_shown:
                 self.out.write("\x1b[u\x1b[J")
             self.out.write("\n")
-            self.out.flush()
+        self.out.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +159,12 @@ def main(argv: list[str] | None = None) -> int:
 
     style = "jsonl" if args.jsonl else "plain" if (args.plain or not sys.stdout.isatty()) else "terminal"
     printer = Printer(sys.stdout, style)
-    processor = StreamingProcessor(decoder, StreamingOptions(step_s=args.step))
+    try:
+        processor = StreamingProcessor(decoder, StreamingOptions(step_s=args.step, vad_filter=args.vad_filter,
+                                                                 policy=args.policy, frontier_s=args.frontier))
+    except RuntimeError as exc:  # the vad extra is missing
+        print(f"asr-stream: error: {exc}", file=sys.stderr)
+        return 2
     events: list[StreamEvent] = []
     if not args.simulate:
         print(f"listening on {source.device_name} (Ctrl-C to stop)", file=sys.stderr)
@@ -109,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             processor.insert_audio(block)
             new = processor.process()
             events.extend(new)
-            printer(new)
+            printer(new, processor.audio_seconds)
     except KeyboardInterrupt:
         pass  # stop listening; the words still in the buffer are flushed below
     except MicrophoneError as exc:

@@ -11,22 +11,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import sys
 import time
 from pathlib import Path
 
 import soundfile as sf
 
-from asr_app.arguments import add_model_args, check_args_or_report, load_decoder_or_report
+from asr_app.arguments import add_model_args, check_args_or_report, load_decoder_or_report, parse_bool
 from asr_app.audio import is_audio_path
 from asr_app.cli.progress import Progress
-from asr_app.writers import FORMATS, RENDERERS, output_paths, parse_formats, remove_stale_temps, write_outputs
+from asr_app.writers import FORMATS, output_paths, parse_formats, remove_stale_temps, render, write_outputs
 
 
 @dataclasses.dataclass
 class Job:
     path: Path
     stem: str          # output name relative to OUTDIR, without extension ("nested/clip")
+    seconds: float = 0.0  # audio length from the file header (0 when unreadable), for the progress
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write outputs here (default: print the transcript to stdout)")
     parser.add_argument("-f", "--format", "--output_format", dest="format", default="txt", metavar="FMT",
                         help=f"comma-separated subset of {','.join(FORMATS)}, or 'all' (default: txt)")
+    parser.add_argument("--vad_filter", "--vad-filter", action="store_true",
+                        help="skip audio without speech, found by Silero VAD (the vad extra), as faster-whisper does")
+    parser.add_argument("--word_timestamps", "--word-timestamps", type=parse_bool, nargs="?", const=True,
+                        default=False, metavar="BOOL",
+                        help="word start/end times from the target's cross-attention, in the json output "
+                             "(and the SRT/VTT cues with --max_words_per_line)")
+    parser.add_argument("--max_words_per_line", "--max-words-per-line", type=int, default=None, metavar="N",
+                        help="SRT/VTT cues of at most N words, timed by their words (needs --word_timestamps)")
     parser.add_argument("--initial_prompt", "--initial-prompt", default=None,
                         help="text to condition the first window on (names, spellings, style)")
     parser.add_argument("--recursive", action="store_true", help="descend into sub-folders")
@@ -48,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-fallback", action="store_true",
                         help="no temperature fallback (by default a window that loops or is improbable is decoded "
                              "again at T = 0.2 ... 1.0, as Whisper does)")
+    cluster = parser.add_argument_group("scale-out (docs/scale.md)")
+    cluster.add_argument("--engine", choices=("local", "ray"), default="local",
+                         help="local: this process; ray: worker actors on a Ray cluster (the cluster extra)")
+    cluster.add_argument("--address", default=None,
+                         help="Ray cluster to join: auto or ray://host:port (default: start a local instance)")
+    cluster.add_argument("--num-workers", "--num_workers", dest="num_workers", type=int, default=None,
+                         help="worker actors, each with its own model copy (default 2)")
+    cluster.add_argument("--gpus-per-worker", "--gpus_per_worker", dest="gpus_per_worker", type=float, default=0.0,
+                         help="GPUs per worker actor, fractions allowed (default 0: CPU workers)")
     parser.add_argument("--temperature_increment_on_fallback", "--temperature-increment-on-fallback", type=float,
                         default=0.2, help="fallback temperature step when --temperature is one number (default 0.2)")
     add_model_args(parser)
@@ -76,7 +95,8 @@ def collect_jobs(paths: list[str], recursive: bool) -> tuple[list[Job], list[str
         path = Path(raw)
         if path.is_dir():
             pattern = "**/*" if recursive else "*"
-            found = sorted(p for p in path.glob(pattern) if p.is_file() and is_audio_path(p))
+            # a broken or looping link is kept: it fails loudly when read instead of vanishing from the batch
+            found = sorted(p for p in path.glob(pattern) if is_audio_path(p) and (p.is_file() or p.is_symlink()))
             if not found:
                 errors.append(f"{path}: no audio files found" + ("" if recursive else " (try --recursive)"))
             candidates = [(p, str(p.relative_to(path).with_suffix(""))) for p in found]
@@ -107,17 +127,18 @@ def unwritable(folder: Path) -> str | None:
     return None
 
 
-def decoding_summary(decoder, stats: list[dict]) -> str:
+def decoding_summary(transcripts: list) -> str:
     """One line: how the files were decoded, and how well the draft did."""
-    pair = decoder.pair
+    stats = [t.stats for t in transcripts]
     drafted = sum(s.get("drafted") or 0 for s in stats)
     accepted = sum(s.get("accepted") or 0 for s in stats)
     tokens = sum(s.get("tokens_out") or 0 for s in stats)
     calls = sum(s.get("target_calls") or 0 for s in stats)
-    target = Path(pair.target_name)
-    line = f"decoded with mode {decoder.options.mode}: {target.parent.name + '/' if target.is_dir() else ''}{target.name}"
-    if pair.draft is not None and drafted:
-        line += (f" + {pair.draft_name}; draft acceptance {100 * accepted / drafted:.0f}%, "
+    first = transcripts[0]
+    target = Path(str(first.model.get("target")))
+    line = f"decoded with mode {first.mode}: {target.parent.name + '/' if target.is_dir() else ''}{target.name}"
+    if first.model.get("draft") and drafted:
+        line += (f" + {first.model['draft']}; draft acceptance {100 * accepted / drafted:.0f}%, "
                  f"{tokens / max(calls, 1):.2f} tokens per target call")
     return line
 
@@ -149,43 +170,90 @@ def _emit(outcome, job: Job, args, formats: list[str], several: bool, progress: 
     """Write (all formats of the file, or none) or print one transcript; the failure, if writing failed."""
     if args.output_dir is None:
         progress.clear()
-        sys.stdout.write((f"==> {job.path} <==\n" if several else "") + RENDERERS[formats[0]](outcome))
+        sys.stdout.write((f"==> {job.path} <==\n" if several else "") + render(outcome, formats[0], args.max_words_per_line))
         sys.stdout.flush()
         return None
     try:
-        write_outputs(outcome, args.output_dir, job.stem, formats)
+        write_outputs(outcome, args.output_dir, job.stem, formats, args.max_words_per_line)
     except OSError as exc:  # a full disk, a folder made read-only meanwhile: this file fails, not the batch
         return f"{job.path}: cannot write its outputs to {args.output_dir}: {exc.strerror or exc}"
     return None
 
 
-def _run(decoder, jobs: list[Job], args, formats: list[str], failures: list[str]) -> list[dict]:
-    """Transcribe the jobs, writing each as it finishes; returns the decoded files' statistics."""
-    # Imported here so that argument errors and "nothing to do" stay instant.
-    from asr_app.longform import TranscribeOptions, transcribe_many
+def transcribe_options(args, decoder):
+    """The long-form options the arguments ask for, over `decoder`'s decoding options (also built inside
+    each Ray worker, from the same arguments)."""
+    from asr_app.longform import TranscribeOptions
 
     fallback = fallback_schedule(args.temperature, args.temperature_increment_on_fallback, not args.no_fallback)
-    options = TranscribeOptions(decoding=decoder.options, batch_size=args.batch_size, temperature_fallback=fallback,
-                                initial_prompt=args.initial_prompt)
-    durations = {i: _duration(j.path) for i, j in enumerate(jobs)}
-    progress = Progress(sum(durations.values()), enabled=not args.quiet)
-    decoded: list[dict] = []
-    items = ((i, j.path) for i, j in enumerate(jobs))
-    for key, outcome in transcribe_many(decoder, items, options, on_progress=progress.update):
+    decoding = dataclasses.replace(decoder.options, word_timestamps=args.word_timestamps)
+    return TranscribeOptions(decoding=decoding, batch_size=args.batch_size, temperature_fallback=fallback,
+                             initial_prompt=args.initial_prompt, vad_filter=args.vad_filter)
+
+
+def _run(outcomes, jobs: list[Job], args, formats: list[str], failures: list[str], progress: Progress,
+         per_window: bool) -> list:
+    """Write each file as its outcome arrives; returns the transcripts. `per_window`: progress already
+    came window by window (local engine), else it moves a whole file at a time."""
+    decoded = []
+    for key, outcome in outcomes:
         job = jobs[key]
         failure = None
         if isinstance(outcome, Exception):
             failure = str(outcome) if str(job.path) in str(outcome) else f"{job.path}: {outcome}"
-            progress.drop(durations[key])
+            progress.drop(job.seconds)
         else:
+            if not per_window:
+                progress.update(job.seconds)
             failure = _emit(outcome, job, args, formats, len(jobs) > 1, progress)
         if failure:
             failures.append(failure)
             progress.write(f"error: {failure}")
         else:
-            decoded.append(outcome.stats)
+            decoded.append(outcome)
     progress.close()
     return decoded
+
+
+def _run_local(args, jobs: list[Job], formats: list[str], failures: list[str]) -> tuple[list, str] | None:
+    from asr_app.longform import transcribe_many
+
+    decoder = load_decoder_or_report(args, "asr-transcribe")  # the models load once, here
+    if decoder is None:
+        return None
+    started = time.perf_counter()
+    progress = Progress(sum(j.seconds for j in jobs), enabled=not args.quiet)
+    items = ((i, j.path) for i, j in enumerate(jobs))
+    outcomes = transcribe_many(decoder, items, transcribe_options(args, decoder), on_progress=progress.update)
+    decoded = _run(outcomes, jobs, args, formats, failures, progress, per_window=True)
+    return decoded, _elapsed(started, args)
+
+
+def _run_ray(args, jobs: list[Job], formats: list[str], failures: list[str]) -> tuple[list, str] | None:
+    import functools
+
+    from asr_app.arguments import decoder_from_args
+    from asr_app.cluster import ClusterError, ClusterOptions, RayTranscriber, summary_lines
+
+    started = time.perf_counter()
+    try:
+        cluster = ClusterOptions(address=args.address, num_workers=args.num_workers,
+                                 cpus_per_worker=float(args.threads or 1), gpus_per_worker=args.gpus_per_worker)
+        with RayTranscriber(functools.partial(decoder_from_args, args), functools.partial(transcribe_options, args),
+                            cluster) as transcriber:
+            progress = Progress(sum(j.seconds for j in jobs), enabled=not args.quiet)
+            outcomes = transcriber.run([(i, j.path) for i, j in enumerate(jobs)], args.batch_size)
+            decoded = _run(outcomes, jobs, args, formats, failures, progress, per_window=False)
+    except (ClusterError, ValueError) as exc:
+        print(f"asr-transcribe: error: {exc}", file=sys.stderr)
+        return None
+    for line in summary_lines(transcriber.report, time.perf_counter() - started):
+        print(line, file=sys.stderr)
+    return decoded, _elapsed(started, args)
+
+
+def _elapsed(started: float, args) -> str:
+    return f" in {time.perf_counter() - started:.1f} s" + (f" -> {args.output_dir}" if args.output_dir else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,9 +263,12 @@ def main(argv: list[str] | None = None) -> int:
         formats = parse_formats(args.format)
     except ValueError as exc:
         parser.error(str(exc))
-    if args.batch_size < 1:
-        parser.error("--batch-size must be >= 1")
+    _check_cli_options(parser, args)
     if not check_args_or_report(args, "asr-transcribe"):
+        return 2
+    missing = _missing_extra(args)
+    if missing:
+        print(f"asr-transcribe: error: {missing}", file=sys.stderr)
         return 2
     jobs, failures = collect_jobs(args.paths, args.recursive)
     for message in failures:
@@ -210,21 +281,43 @@ def main(argv: list[str] | None = None) -> int:
         if skipped:
             print(f"nothing to do: all {skipped} file(s) already transcribed", file=sys.stderr)
         return 1 if failures else 0
-    decoder = load_decoder_or_report(args, "asr-transcribe")  # the models load once, here
-    if decoder is None:
+    for job in jobs:
+        job.seconds = _duration(job.path)
+    ran = (_run_ray if args.engine == "ray" else _run_local)(args, jobs, formats, failures)
+    if ran is None:
         return 2
-    started = time.perf_counter()
-    decoded = _run(decoder, jobs, args, formats, failures)
+    decoded, elapsed = ran
     summary = f"{len(decoded)} transcribed, {len(failures)} failed" + (
         f", {skipped} skipped (outputs exist)" if skipped else "")
-    print(f"{summary} in {time.perf_counter() - started:.1f} s" + (f" -> {args.output_dir}" if args.output_dir else ""),
-          file=sys.stderr)
+    print(summary + elapsed, file=sys.stderr)
     if decoded:
-        print(decoding_summary(decoder, decoded), file=sys.stderr)
+        print(decoding_summary(decoded), file=sys.stderr)
     if failures:
         print("failed:\n" + "\n".join(f"  {m}" for m in failures), file=sys.stderr)
         return 1
     return 0
+
+
+def _check_cli_options(parser: argparse.ArgumentParser, args) -> None:
+    if args.batch_size < 1:
+        parser.error("--batch-size must be >= 1")
+    if args.max_words_per_line is not None and (args.max_words_per_line < 1 or not args.word_timestamps):
+        parser.error("--max_words_per_line needs --word_timestamps and a count >= 1")
+    if args.engine != "ray" and (args.address or args.num_workers is not None or args.gpus_per_worker):
+        parser.error("--address, --num-workers and --gpus-per-worker need --engine ray")
+    if args.num_workers is None:
+        args.num_workers = 2
+    if args.num_workers < 1 or args.gpus_per_worker < 0:
+        parser.error("--num-workers must be >= 1 and --gpus-per-worker >= 0")
+
+
+def _missing_extra(args) -> str | None:
+    """The optional package an option needs and is not installed, said before any model loads."""
+    if args.vad_filter and importlib.util.find_spec("silero_vad") is None:
+        return '--vad_filter needs Silero VAD: pip install "asr-app[vad]"'
+    if args.engine == "ray" and importlib.util.find_spec("ray") is None:
+        return '--engine ray needs Ray: pip install "asr-app[cluster]"'
+    return None
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS
+from asr_app.decoding.alignment import add_word_timestamps, alignment_heads
 from asr_app.decoding.costs import measure_step_costs
 from asr_app.decoding.gamma import AcceptanceEstimate, CostAwareGamma, GammaPolicy, StepCosts
 from asr_app.decoding.hf_mode import decode_hf
@@ -63,10 +64,12 @@ class SpeculativeDecoder:
         self._rules: dict[tuple, WhisperLogitRules] = {}
         self._workspaces: dict[tuple[int, bool], Workspace] = {}
         self._step_costs: StepCosts | None = None
+        self.alignment_heads = alignment_heads(gc, self.target.config.decoder_layers,
+                                               self.target.config.decoder_attention_heads)
 
     # ------------------------------------------------------------------ public API
     def decode(self, audio: np.ndarray | list[np.ndarray], options: DecodingOptions | None = None,
-               prompts: list[str | None] | None = None,
+               prompts: list[str | Sequence[int] | None] | None = None,
                hints: Sequence[Sequence[int] | None] | None = None) -> list[DecodingResult]:
         """Decode clips of at most 30 s. `prompts`: previous text per clip; `hints`: expected output tokens
         per clip (see the module docstring; they change the speed, never the result; `hf` ignores them)."""
@@ -95,7 +98,7 @@ class SpeculativeDecoder:
         return self._decode(feats, options, prompts, windows, hints)
 
     def decode_features(self, features: torch.Tensor, options: DecodingOptions | None = None,
-                        prompts: list[str | None] | None = None,
+                        prompts: list[str | Sequence[int] | None] | None = None,
                         hints: Sequence[Sequence[int] | None] | None = None) -> list[DecodingResult]:
         if features.dim() == 2:
             features = features[None]
@@ -156,7 +159,11 @@ class SpeculativeDecoder:
                                   shared_encoder=self.pair.shared_encoder)
         if tokens and tokens[-1] == self.eos:
             tokens = tokens[:-1]
-        return self._result(tokens, float("nan"), float("nan"), stats, opts, window)
+        result = self._result(tokens, float("nan"), float("nan"), stats, opts, window)
+        if opts.word_timestamps:
+            with torch.inference_mode():
+                self._add_words(result, self.target.get_encoder()(feats).last_hidden_state, prompt, window)
+        return result
 
     def _result(self, tokens, no_speech, avg_logprob, stats, opts, window) -> DecodingResult:
         language = opts.language.strip("<|>") if opts.language else ("en" if not self._multilingual else None)
@@ -276,14 +283,24 @@ class SpeculativeDecoder:
             st.encoder_s, st.draft_s, st.target_s, st.verify_s, st.total_s = (
                 encoder_s, t.draft_s, t.target_s, t.verify_s, total_s)
             st.verify_steps = list(loop.verify_steps)
+            st.verify_cpu_s = loop.verify_cpu_s
             st.finalise()
             count = state.logprob_count[r]
             avg = state.logprob_sum[r] / count if count else float("nan")
             result = self._result(state.out_tokens[r], no_speech[r], avg, st, opts, windows[r])
             if detected is not None:
                 result.language, result.language_probability = self._language_code(detected[r][0]), detected[r][1]
+            if opts.word_timestamps:
+                self._add_words(result, encoder_hidden[r : r + 1], prompts[r], windows[r])
             results.append(result)
         return results
+
+    def _add_words(self, result: DecodingResult, encoder_hidden: torch.Tensor, prompt: Prompt, window: float) -> None:
+        sot_sequence = list(prompt.tokens[prompt.sot_index :])
+        if sot_sequence[-1] != self.generation_config.no_timestamps_token_id:
+            sot_sequence.append(self.generation_config.no_timestamps_token_id)
+        add_word_timestamps(result.segments, self.target_runtime, encoder_hidden, sot_sequence, self.eos, window,
+                            self.alignment_heads, self.tokenizer)
 
     def _detect_languages(self, workspace: Workspace) -> list[tuple[int, float]]:
         """(language token, probability) per row, as openai/whisper detects it: the target's scores after

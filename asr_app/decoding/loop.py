@@ -101,6 +101,10 @@ class SpeculativeLoop:
         """`policy`: the gamma policy (decoding/gamma.py: next(budget), update(drafted, accepted))."""
         self.steps, self.opts, self.eos, self.max_len = steps, options, eos, max_len
         self.sot_index, self.no_speech_id = sot_index, no_speech_id
+        # The draft never reads the earlier windows' text before <|startoftranscript|>: it only proposes
+        # (the output is the target's either way), and the distilled draft's proposals were measured far
+        # worse after a long prompt (docs/decoding.md). Its cache slot i holds history token i + skip.
+        self.draft_skip = sot_index
         self.generator = generator
         self.runner = steps.ws.runner
         self.speculative = options.mode in SPECULATIVE_MODES
@@ -113,6 +117,7 @@ class SpeculativeLoop:
         self.timings = Timings()
         self._num_draft: dict[tuple[int, int], torch.Tensor] = {}
         self.verify_steps: list[tuple[int, float]] = []
+        self.verify_cpu_s = 0.0
 
     def run(self, batch: BatchState) -> None:
         while batch.active and batch.generated < self.max_len:
@@ -139,7 +144,7 @@ class SpeculativeLoop:
 
     def _draft(self, b: BatchState, gamma: int) -> Proposal:
         ws, steps = self.steps.ws, self.steps
-        ids, state = b.history[:, ws.draft.length:], state_tensors(b.rules)
+        ids, state = b.history[:, self.draft_skip + ws.draft.length:], state_tensors(b.rules)
         batch = ids.shape[0]
         uniforms = self._uniforms(batch, gamma)
         tokens, logits = [], []
@@ -241,11 +246,14 @@ class SpeculativeLoop:
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize(self.device)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         with torch.profiler.record_function("asr_app.verify"):
             out = fn()
         if cuda:
             torch.cuda.synchronize(self.device)
+        # Process CPU time does not count the time other programs held the cores, so it keeps
+        # comparisons between modes fair on a loaded CPU (see docs/decoding.md).
+        self.verify_cpu_s += time.process_time() - cpu0
         return out, time.perf_counter() - t0
 
     def _q_logits(self, p: Proposal, batch: int) -> torch.Tensor | None:
@@ -300,8 +308,8 @@ class SpeculativeLoop:
         b.rules = self.steps.target_rules.advance(b.rules, kept)
         b.generated += keep
         ws.target.rollback(length + common)
-        if ws.draft is not None and ws.draft.length > length + common:
-            ws.draft.rollback(length + common)
+        if ws.draft is not None and ws.draft.length > length + common - self.draft_skip:
+            ws.draft.rollback(length + common - self.draft_skip)
         return finished
 
     def _record(self, b: BatchState, i: int, p: Proposal, tokens: list[int], logprobs: list[float],

@@ -26,6 +26,7 @@ class DecodingOptions:
     timestamps: bool = False
     language: str | None = "en"
     task: str = "transcribe"
+    word_timestamps: bool = False  # word start/end from the target's cross-attention (decoding/alignment.py)
     profile_verify: bool = False  # time the verification step (adds syncs; off in production)
 
     def __post_init__(self) -> None:
@@ -66,15 +67,25 @@ class RuntimeOptions:
 
 
 @dataclass
+class Word:
+    word: str            # as decoded, with its leading space
+    start: float         # seconds, relative to the decoded window's start (like the segment's)
+    end: float
+    probability: float   # the target's mean probability of the word's tokens
+    tokens: list[int] = field(default_factory=list, repr=False, metadata={"json": False})
+
+
+@dataclass
 class Segment:
     start: float  # seconds, relative to the decoded window's start
     end: float
     text: str
     tokens: list[int]
+    words: list[Word] | None = None  # with DecodingOptions(word_timestamps=True)
 
 
 _SUMMED = ("tokens_out", "target_calls", "drafted", "accepted", "hint_steps", "hinted", "hint_accepted",
-           "encoder_s", "draft_s", "target_s", "verify_s", "total_s", "windows")
+           "encoder_s", "draft_s", "target_s", "verify_s", "verify_cpu_s", "total_s", "windows")
 
 
 @dataclass
@@ -94,6 +105,7 @@ class DecodingStats:
     draft_s: float = 0.0
     target_s: float = 0.0
     verify_s: float = 0.0
+    verify_cpu_s: float = 0.0  # process CPU time of the verify calls, measured only with profile_verify
     total_s: float = 0.0
     windows: int = 1         # decodes summed into this record
     verify_steps: list[tuple[int, float]] = field(default_factory=list)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -25,7 +26,10 @@ class Prompt:
 
 
 def build_prompt(generation_config, tokenizer, *, language: str | None, task: str, timestamps: bool,
-                 previous_text: str | None, max_target_positions: int) -> Prompt:
+                 previous_text: str | Sequence[int] | None, max_target_positions: int) -> Prompt:
+    """`previous_text`: text to condition on, or the token ids of earlier windows as they were decoded
+    (timestamps included, as openai/whisper passes them: a prompt without timestamps talks the model into
+    leaving them out, and long-form then loses the rest of a window)."""
     gc = generation_config
     sot = [gc.decoder_start_token_id]
     detect = False
@@ -44,8 +48,13 @@ def build_prompt(generation_config, tokenizer, *, language: str | None, task: st
     if not timestamps:
         sot.append(gc.no_timestamps_token_id)
     prev: list[int] = []
-    if previous_text and previous_text.strip():
-        ids = tokenizer(" " + previous_text.strip(), add_special_tokens=False)["input_ids"]
+    ids: list[int] = []
+    if isinstance(previous_text, str):
+        if previous_text.strip():
+            ids = tokenizer(" " + previous_text.strip(), add_special_tokens=False)["input_ids"]
+    elif previous_text:
+        ids = [int(t) for t in previous_text]
+    if ids:
         # openai/whisper keeps at most the last n_ctx // 2 - 1 prompt tokens
         prev = [gc.prev_sot_token_id, *ids[-(max_target_positions // 2 - 1):]]
     return Prompt(tokens=tuple(prev + sot), sot_index=len(prev), detect_language=detect)

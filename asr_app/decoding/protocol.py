@@ -20,13 +20,14 @@ class Decoder(Protocol):
     def options(self) -> DecodingOptions: ...
 
     def decode(self, audio: np.ndarray | list[np.ndarray], options: DecodingOptions | None = None,
-               prompts: list[str | None] | None = None,
+               prompts: list[str | Sequence[int] | None] | None = None,
                hints: Sequence[Sequence[int] | None] | None = None) -> list[DecodingResult]:
-        """Clips of at most 30 s (16 kHz mono float32) -> one result per clip."""
+        """Clips of at most 30 s (16 kHz mono float32) -> one result per clip. A prompt is earlier text, or
+        earlier windows' token ids (timestamps included)."""
         ...
 
     def decode_features(self, features, options: DecodingOptions | None = None,
-                        prompts: list[str | None] | None = None,
+                        prompts: list[str | Sequence[int] | None] | None = None,
                         hints: Sequence[Sequence[int] | None] | None = None) -> list[DecodingResult]:
         """Log-mel features [B, mels, frames] -> one result per row."""
         ...

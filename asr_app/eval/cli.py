@@ -144,7 +144,7 @@ def run_metadata(args: argparse.Namespace, decoder, utterances, has_spelling: bo
     return {
         "command": shlex.join(["asr-eval", *(sys.argv[1:] if argv is None else argv)]),
         "dataset": args.dataset,
-        "dataset_label": f"{label} ({len(utterances)} utt.)",
+        "dataset_label": label,
         "data_dir": args.data_dir,
         "target": pair.target_name,
         "draft": pair.draft_name,

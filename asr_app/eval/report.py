@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+from asr_app.eval.profiling import CPU_CLOCK
 from asr_app.eval.runner import EvalRun
 from asr_app.fileio import write_atomic
 
@@ -78,7 +79,8 @@ def table1(run: EvalRun, meta: dict) -> str:
     cols = [m for m in ("baseline", "exact", "sigmoid") if m in by]
     head = ["Dataset", "Target / draft"] + [f"WER {m} (%)" for m in cols]
     head += [f"Δ% profiling time {m}" for m in cols if m != "baseline" and "baseline" in by]
-    row = [meta.get("dataset_label", ""), f"{_short(meta.get('target'))} / {_short(meta.get('draft'))}"]
+    evaluated = len(run.records) - len(run.failures)
+    row = [f"{meta.get('dataset_label', '')} ({evaluated} utt.)", f"{_short(meta.get('target'))} / {_short(meta.get('draft'))}"]
     row += [_pct(by[m].wer.wer) for m in cols]
     row += [_delta(by[m].verify_delta_pct) for m in cols if m != "baseline" and "baseline" in by]
     return _md_table(head, [row])
@@ -122,6 +124,14 @@ def _short(name: object) -> str:
     return Path(text).name if Path(text).is_dir() else text
 
 
+def _verify_clock_text(clock: str | None) -> str:
+    if clock == CPU_CLOCK:
+        return "process CPU time (not wall time, so other programs' load does not move it)"
+    if clock == "cuda":
+        return "GPU time of the kernels (PyTorch profiler)"
+    return "not measured"
+
+
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -140,9 +150,9 @@ def render_report(run: EvalRun, meta: dict, plots: dict[str, str]) -> str:
         f"dtype: {meta.get('dtype')}" + (f" (draft: {meta['draft_dtype']})" if meta.get("draft_dtype") else ""),
         f"- decoding: {'greedy (temperature 0)' if not temp else f'sampling, temperature {temp}'}, seed "
         f"{meta.get('seed')}, gamma {meta.get('gamma')}, sigmoid alpha/beta {meta.get('alpha')}/{meta.get('beta')}",
-        f"- warm-up: {run.warmup_utterances} utterance(s) per mode, not measured; verification time: PyTorch "
-        f"profiler, summed `asr_app.verify` ranges ({run.verify_clock or 'not measured'} time, profile pass: "
-        f"{run.profile}); peak memory: {run.memory_kind}",
+        f"- warm-up: {run.warmup_utterances} utterance(s) per mode, not measured; verification time: "
+        f"{_verify_clock_text(run.verify_clock)}, summed over the `asr_app.verify` ranges (profile pass: "
+        f"{run.profile}; modes interleaved per utterance); peak memory: {run.memory_kind}",
         f"- WER: jiwer after Whisper's English normaliser on both sides (spelling map: "
         f"{'yes' if meta.get('spelling_map') else 'MISSING'})",
         "",

@@ -94,21 +94,34 @@ class DecoderRuntime:
 
     # ------------------------------------------------------------------ the step
     def forward(self, state: DecoderState, ids: torch.Tensor, positions: torch.Tensor, span: int,
-                mask: torch.Tensor | None) -> torch.Tensor:
+                mask: torch.Tensor | None, probe: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
         """Hidden states [B, L, d] of tokens `ids` [B, L] at `positions` [L] (device); see the module doc.
 
         `mask` bool [L, span] (`visible_keys(positions, span)`), or None when every query sees all `span`
-        slots (one new token appended eagerly)."""
+        slots (one new token appended eagerly). `probe`: layer index -> filled with that layer's
+        cross-attention probabilities [B, H, L, frames] (word alignment reads them)."""
         w = self.weights
         x = w.embed_tokens[ids]
         if w.embed_scale != 1.0:
             x = x * w.embed_scale
         x = x + w.embed_positions[positions]
         for i, layer in enumerate(w.layers):
-            x = self._layer(x, layer, state, i, positions, span, mask)
+            x = self._layer(x, layer, state, i, positions, span, mask, probe)
         return layer_norm(x, w.final_norm, w.eps)
 
-    def _layer(self, x, layer: LayerWeights, state: DecoderState, index: int, positions, span, mask):
+    def cross_attention(self, encoder_hidden: torch.Tensor, ids: torch.Tensor,
+                        layers: set[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """One pass over the whole sequence `ids` [B, L] with a fresh cache (the decoding caches are left
+        alone): the hidden states [B, L, d] and the cross-attention probabilities [B, H, L, frames] of
+        `layers`."""
+        state = self.new_state(encoder_hidden)
+        probe = dict.fromkeys(layers)
+        count = ids.shape[1]
+        positions = torch.arange(count, device=ids.device)
+        hidden = self.forward(state, ids, positions, count, visible_keys(positions, count), probe)
+        return hidden, probe
+
+    def _layer(self, x, layer: LayerWeights, state: DecoderState, index: int, positions, span, mask, probe=None):
         w = self.weights
         heads, width = w.heads, w.d_model
         h = layer_norm(x, layer.self_norm, w.eps)
@@ -127,6 +140,8 @@ class DecoderRuntime:
         if w.query_scale != 1.0:
             q = q * w.query_scale
         attn = F.scaled_dot_product_attention(q, state.cross_k[index], state.cross_v[index], scale=1.0)
+        if probe is not None and index in probe:  # the same scores SDPA used (q and k carry the scale)
+            probe[index] = torch.softmax((q @ state.cross_k[index].transpose(-1, -2)).float(), dim=-1)
         x = x + linear(merge_heads(attn), *layer.cross_out)
 
         h = layer_norm(x, layer.mlp_norm, w.eps)

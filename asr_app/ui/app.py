@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -83,7 +84,7 @@ def _file_tab(engine: UiEngine, default_mode: str) -> None:
     def on_transcribe(path, mode, temperature, language="auto"):
         outcome = transcribe_file(engine, path, mode, temperature, language)
         return (_message_markdown(outcome.message), outcome.text, outcome.segments,
-                outcome.files or None, outcome.stats or None)
+                outcome.files or None, outcome.stats or None, outcome.words)
 
     with gr.Row():
         file_audio = gr.Audio(sources=["upload", "microphone"], type="filepath", label="Audio clip")
@@ -97,8 +98,10 @@ def _file_tab(engine: UiEngine, default_mode: str) -> None:
     file_segments = gr.Dataframe(headers=["start (s)", "end (s)", "text"], label="Segments", interactive=False)
     file_downloads = gr.File(label="Subtitles and JSON", file_count="multiple")
     file_stats = gr.JSON(label="Decoding stats")
+    file_words = gr.Dataframe(headers=["word", "start (s)", "end (s)", "probability"],
+                              label="Words (times from the target's cross-attention)", interactive=False)
     file_button.click(on_transcribe, inputs=[file_audio, file_mode, file_temperature, file_language],
-                      outputs=[file_message, file_text, file_segments, file_downloads, file_stats],
+                      outputs=[file_message, file_text, file_segments, file_downloads, file_stats, file_words],
                       api_name="transcribe_file")
 
 
@@ -133,7 +136,8 @@ def _compare_tab(engine: UiEngine) -> None:
 def build_app(engine: UiEngine) -> gr.Blocks:
     """The page: a header naming the models, then the Live, File and Compare tabs."""
     default_mode = _default_mode(engine)
-    with gr.Blocks(title="Speculative Whisper ASR", analytics_enabled=False) as demo:
+    # Uploads and results in Gradio's cache are deleted an hour after they were made (checked hourly).
+    with gr.Blocks(title="Speculative Whisper ASR", analytics_enabled=False, delete_cache=(3600, 3600)) as demo:
         gr.Markdown(header_markdown(engine), elem_id="asr-header")
         with gr.Tabs():
             with gr.Tab("Live", id="live"):
@@ -156,6 +160,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 for every one)")
     parser.add_argument("--port", type=int, default=7860, help="port to listen on")
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
+    parser.add_argument("--max-upload-mb", type=int, default=200,
+                        help="largest upload accepted, in MB (default 200; Gradio refuses larger ones with a message)")
     return parser.parse_args(argv)
 
 
@@ -184,9 +190,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = UiEngine.from_decoder(decoder)
     demo = build_app(engine)
     print(f"models loaded: {engine.describe()}", flush=True)
+    # SIGTERM ends the process through sys.exit, so the atexit cleanup of our temporary folders runs.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         demo.launch(server_name=args.host, server_port=args.port, share=args.share, ssr_mode=False,
-                    footer_links=["api"])
+                    footer_links=["api"], max_file_size=f"{args.max_upload_mb}mb")
     except OSError as err:  # port taken, address not available, ...
         print(f"error: cannot serve on {args.host}:{args.port}: {err}", file=sys.stderr)
         return 2

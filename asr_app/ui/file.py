@@ -14,9 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from asr_app.audio import SAMPLE_RATE, AudioLoadError, is_silent, load_audio
+from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS, AudioFileReader, AudioLoadError, is_silent
 from asr_app.longform import transcribe
 from asr_app.ui.engine import COMPARE_MODES, UiEngine
 from asr_app.ui.text import count_differences, word_diff
@@ -32,30 +30,50 @@ SHORT_CLIP_S = 0.3
 _downloads_root: Path | None = None
 
 
+DOWNLOADS_KEPT_S = 3600  # a request's subtitle files are deleted this long after they were written
+
+
 def _downloads_dir() -> Path:
-    """A per-process folder for the SRT/VTT/JSON downloads (Gradio copies them to its cache)."""
+    """A folder for one request's SRT/VTT/JSON downloads (Gradio copies them to its cache), inside a
+    per-process folder that is removed at exit; folders older than DOWNLOADS_KEPT_S go at the next request."""
     global _downloads_root
     if _downloads_root is None:
         _downloads_root = Path(tempfile.mkdtemp(prefix="asr_app_ui_"))
         atexit.register(shutil.rmtree, _downloads_root, ignore_errors=True)
+    cutoff = time.time() - DOWNLOADS_KEPT_S
+    for old in _downloads_root.iterdir():
+        if old.stat().st_mtime < cutoff:
+            shutil.rmtree(old, ignore_errors=True)
     return Path(tempfile.mkdtemp(dir=_downloads_root))
 
 
-def _load(path: str | Path | None) -> tuple[np.ndarray | None, str]:
-    """The clip as 16 kHz mono float32, or None and a message saying what is wrong with it."""
+def _probe(path: str | Path | None, energy_threshold: float) -> tuple[float | None, bool, str]:
+    """(seconds, silent, problem) of an upload, read window by window: an upload of any length costs a
+    window's memory. `problem` is what to tell the user (never a server path), seconds None then."""
     if path is None or str(path).strip() == "":
-        return None, "Upload or record an audio clip first."
+        return None, False, "Upload or record an audio clip first."
     try:
-        audio = load_audio(path)
+        reader = AudioFileReader(path)
     except AudioLoadError as exc:
-        return None, f"Cannot use this file: {exc}"
-    if audio.size == 0:
-        return None, f"Cannot use this file: {Path(path).name} holds no audio"
-    return audio, ""
+        return None, False, f"Cannot use this file: {_private(str(exc), path)}"
+    window = int(WINDOW_SECONDS * SAMPLE_RATE)
+    try:
+        silent = all(is_silent(reader.window(start, window), energy_threshold)
+                     for start in range(0, reader.samples, window))
+    except AudioLoadError as exc:
+        return None, False, f"Cannot use this file: {_private(str(exc), path)}"
+    finally:
+        reader.close()
+    return reader.samples / SAMPLE_RATE, silent, ""
 
 
 def _display_name(path: str | Path) -> str:
     return Path(path).name
+
+
+def _private(text: str, path: str | Path) -> str:
+    """`text` with the upload's server-side folder taken out (users see the file's name only)."""
+    return text.replace(str(path), _display_name(path)).replace(str(Path(path).parent) + "/", "")
 
 
 @dataclass
@@ -63,6 +81,7 @@ class FileOutcome:
     message: str                                  # empty when all went well, else what to tell the user
     text: str = ""
     segments: list[list[str | float]] = field(default_factory=list)   # [start, end, text] rows
+    words: list[list[str | float]] = field(default_factory=list)      # [word, start, end, probability] rows
     files: list[str] = field(default_factory=list)                     # SRT, VTT, JSON paths
     stats: dict[str, float | int | str | None] = field(default_factory=dict)
 
@@ -78,34 +97,37 @@ def _file_stats(transcript, audio_s: float, wall_s: float) -> dict:
 def transcribe_file(engine: UiEngine, path: str | Path | None, mode: str, temperature: float,
                     language: str = "auto") -> FileOutcome:
     """Transcribe one uploaded/recorded clip with segment timestamps and downloadable subtitles."""
-    audio, problem = _load(path)
-    if audio is None:
+    audio_s, silent, problem = _probe(path, engine.streaming.energy_threshold)
+    if audio_s is None:
         return FileOutcome(message=problem)
     try:
-        decoder = engine.session_decoder(mode, temperature, language, timestamps=True)
+        decoder = engine.session_decoder(mode, temperature, language, timestamps=True, word_timestamps=True)
     except ValueError as exc:
         return FileOutcome(message=str(exc))
-    audio_s = audio.size / SAMPLE_RATE
-    if is_silent(audio, engine.streaming.energy_threshold):
+    if silent:
         return FileOutcome(message=f"No speech recognised in {_display_name(path)} ({audio_s:.1f} s): "
                                    "the clip is silent.")
     started = time.perf_counter()
     try:
-        # The path (not the array) so the JSON names the uploaded file; the decoder's options apply.
+        # The path (read window by window); the JSON names the uploaded file, not where the server keeps it.
         transcript = transcribe(decoder, path)
+        transcript.source = _display_name(path)
         files = write_outputs(transcript, _downloads_dir(), Path(path).stem or "transcript", DOWNLOAD_FORMATS)
     except Exception as exc:  # shown in the page instead of a traceback
         log.exception("transcription of %s failed", path)
-        return FileOutcome(message=f"Transcription of {_display_name(path)} failed: {type(exc).__name__}: {exc}")
+        return FileOutcome(message=_private(f"Transcription of {_display_name(path)} failed: "
+                                            f"{type(exc).__name__}: {exc}", path))
     wall_s = time.perf_counter() - started
     segments = [[round(seg.start, 2), round(seg.end, 2), seg.text.strip()] for seg in transcript.segments]
+    words = [[w.word.strip(), round(w.start, 2), round(w.end, 2), round(w.probability, 3)]
+             for seg in transcript.segments for w in seg.words or []]
     text = transcript.text.strip()
     message = ""
     if not text:
         message = f"No speech recognised in {_display_name(path)} ({audio_s:.1f} s)."
     elif audio_s < SHORT_CLIP_S:
         message = f"{_display_name(path)} is very short ({audio_s:.2f} s); the text may be unreliable."
-    return FileOutcome(message=message, text=text, segments=segments, files=[str(f) for f in files],
+    return FileOutcome(message=message, text=text, segments=segments, words=words, files=[str(f) for f in files],
                        stats=_file_stats(transcript, audio_s, wall_s))
 
 
@@ -152,12 +174,12 @@ class CompareOutcome:
 def compare_modes(engine: UiEngine, path: str | Path | None, reference: str | None,
                   temperature: float) -> CompareOutcome:
     """Decode one clip with exact, sigmoid and baseline (same seed) and line the results up."""
-    audio, problem = _load(path)
-    if audio is None:
+    audio_s, silent, problem = _probe(path, engine.streaming.energy_threshold)
+    if audio_s is None:
         return CompareOutcome(message=problem)
     if not engine.has_draft:
         return CompareOutcome(message="Compare needs a draft model; this app was launched target-only.")
-    if is_silent(audio, engine.streaming.energy_threshold):
+    if silent:
         return CompareOutcome(message=f"{_display_name(path)} is silent: nothing to compare.")
     runs: list[ModeRun] = []
     for mode in COMPARE_MODES:
@@ -165,11 +187,12 @@ def compare_modes(engine: UiEngine, path: str | Path | None, reference: str | No
             # profile_verify times every verification step (it adds syncs, so only here, not live).
             decoder = engine.session_decoder(mode, temperature, profile_verify=True)
             started = time.perf_counter()
-            transcript = transcribe(decoder, audio)
+            transcript = transcribe(decoder, path)
             latency = time.perf_counter() - started
         except Exception as exc:
             log.exception("compare: mode %s failed on %s", mode, path)
-            return CompareOutcome(message=f"Mode {mode} failed on {_display_name(path)}: {type(exc).__name__}: {exc}")
+            return CompareOutcome(message=_private(f"Mode {mode} failed on {_display_name(path)}: "
+                                                   f"{type(exc).__name__}: {exc}", path))
         text = transcript.text.strip()
         usage = decoder.usage
         runs.append(ModeRun(mode=mode, text=text, latency_s=latency, acceptance_rate=usage.acceptance_rate,

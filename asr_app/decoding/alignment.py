@@ -1,0 +1,223 @@
+"""Word timestamps from the target's cross-attention, by Whisper's method (docs/word-timestamps.md).
+
+After a window is decoded, the target reads [start-of-transcript sequence, <|notimestamps|>, text
+tokens, <|endoftext|>] once more in one pass. The cross-attention of the checkpoint's alignment heads
+(`generation_config.alignment_heads`; the upper half of the layers when a checkpoint names none) is
+cut to the frames that hold audio, standardised over the tokens, median-filtered over time, averaged
+over the heads, and a dynamic-time-warping path through its negative maps each token to the frame
+where the target starts attending to it. Words are groups of tokens (a new word at a leading space or
+a punctuation token; punctuation then joins its neighbour) and take the times of their first token
+and of the token after their last.
+
+Every speculative mode emits the target's tokens, so this alignment is the target's in every mode.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from asr_app.decoding.options import Segment, Word
+
+FRAMES_PER_SECOND = 50      # encoder frames: 1500 per 30 s window
+MEDIAN_WIDTH = 7            # openai/whisper's median filter width, in frames
+PREPENDED = "\"'“¿([{-"     # punctuation that joins the following word
+APPENDED = "\"'.。,，!！?？:：”)]}、"  # punctuation that joins the previous word
+CLAUSE_END = (".", "。", "!", "！", "?", "？", ",", "，")  # a word ending so may be followed by a pause
+
+
+@dataclass(frozen=True)
+class AlignmentInput:
+    sot_sequence: list[int]   # <|startoftranscript|> [language] [task] <|notimestamps|>
+    text_tokens: list[int]    # the window's text tokens (no timestamps, no special tokens)
+    eos: int
+    window_s: float           # seconds of audio in the window (the rest of the 30 s is padding)
+
+
+def alignment_heads(generation_config, layers: int, heads: int) -> list[tuple[int, int]]:
+    """(layer, head) pairs whose cross-attention follows the speech; the upper half when none are named."""
+    named = getattr(generation_config, "alignment_heads", None)
+    if named:
+        return [(int(layer), int(head)) for layer, head in named]
+    return [(layer, head) for layer in range(layers // 2, layers) for head in range(heads)]
+
+
+def add_word_timestamps(segments: list[Segment], runtime, encoder_hidden: torch.Tensor, sot_sequence: list[int],
+                        eos: int, window_s: float, heads: Sequence[tuple[int, int]], tokenizer) -> None:
+    """Fill `segment.words` of one decoded window (times relative to the window's start)."""
+    if not segments:
+        return
+    tokens = [t for segment in segments for t in segment.tokens]
+    words = align_words(runtime, encoder_hidden, AlignmentInput(sot_sequence, tokens, eos, window_s), heads,
+                        tokenizer)
+    attach_words(segments, words)
+
+
+def align_words(runtime, encoder_hidden: torch.Tensor, item: AlignmentInput, heads: Sequence[tuple[int, int]],
+                tokenizer) -> list[Word]:
+    """The words of one window: start/end seconds (window-relative), mean token probability, tokens."""
+    if not item.text_tokens:
+        return []
+    ids = [*item.sot_sequence, *item.text_tokens, item.eos]
+    device = encoder_hidden.device
+    frames = max(1, min(encoder_hidden.shape[1], round(item.window_s * FRAMES_PER_SECOND)))
+    hidden, attention = runtime.cross_attention(encoder_hidden[:1], torch.tensor([ids], device=device),
+                                        {layer for layer, _ in heads})
+    weights = torch.stack([attention[layer][0, head, :, :frames] for layer, head in heads])
+    std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
+    weights = median_filter((weights - mean) / std.clamp_min(1e-10), MEDIAN_WIDTH)
+    # Rows: the input <|notimestamps|> (which predicts the first text token) .. the last text token.
+    matrix = weights.mean(dim=0)[len(item.sot_sequence) - 1 : -1]
+    rows, cols = dtw_path(-matrix.double().cpu().numpy())
+    first_col = np.full(matrix.shape[0], -1)
+    for r, c in zip(rows[::-1], cols[::-1]):
+        first_col[r] = c  # overwritten until it holds the first (lowest) column of each row
+    token_times = first_col / FRAMES_PER_SECOND
+    probs = token_probabilities(runtime, hidden, ids, len(item.sot_sequence))
+    return _words(tokenizer, item.text_tokens, token_times, probs)
+
+
+def token_probabilities(runtime, hidden: torch.Tensor, ids: list[int], first: int) -> list[float]:
+    """The target's probability of each text token (ids[first:-1]) given the tokens before it."""
+    logits = runtime.logits(hidden[:, first - 1 : len(ids) - 2]).float()
+    probs = torch.softmax(logits, dim=-1)[0]
+    targets = torch.tensor(ids[first:-1], device=probs.device)
+    return probs[torch.arange(len(targets), device=probs.device), targets].tolist()
+
+
+def _words(tokenizer, tokens: list[int], token_times: np.ndarray, probs: list[float]) -> list[Word]:
+    spans = []
+    index = 0
+    for text, count in merge_punctuation(split_words(tokenizer, tokens)):
+        spans.append((text, index, count, float(token_times[index]), float(token_times[index + count])))
+        index += count
+    limit = _longest_plausible(spans)
+    words: list[Word] = []
+    for text, first, count, start, end in spans:
+        end = max(end, start)
+        if limit and end - start > limit and text.rstrip().endswith(CLAUSE_END):
+            end = start + limit  # the path lingers on the word before a pause: the pause is not the word
+        words.append(Word(text, round(start, 3), round(end, 3),
+                          round(float(np.mean(probs[first : first + count])), 4), tokens[first : first + count]))
+    return words
+
+
+def _longest_plausible(spans: list[tuple]) -> float:
+    """openai/whisper's bound for a word before punctuation: twice the median word length, at most 1.4 s."""
+    durations = [end - start for *_, start, end in spans if end > start]
+    return 2 * min(0.7, float(np.median(durations))) if durations else 0.0
+
+
+def split_words(tokenizer, tokens: list[int]) -> list[tuple[str, int]]:
+    """(text, token count) per word: a word starts at a token with a leading space or at punctuation.
+    Tokens that are not whole UTF-8 characters on their own are kept together first."""
+    pieces: list[tuple[str, int]] = []
+    pending: list[int] = []
+    for tok in tokens:
+        pending.append(tok)
+        text = tokenizer.decode(pending)
+        if "\ufffd" not in text:
+            pieces.append((text, len(pending)))
+            pending = []
+    if pending:
+        pieces.append((tokenizer.decode(pending), len(pending)))
+    words: list[tuple[str, int]] = []
+    for text, count in pieces:
+        punctuation = text.strip() in string.punctuation and text.strip() != ""
+        if not words or text.startswith(" ") or punctuation:
+            words.append((text, count))
+        else:
+            words[-1] = (words[-1][0] + text, words[-1][1] + count)
+    return words
+
+
+def merge_punctuation(words: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Opening punctuation joins the next word, closing punctuation the previous one."""
+    out: list[tuple[str, int]] = []
+    carry = ("", 0)
+    for text, count in words:
+        stripped = text.strip()
+        if stripped and all(ch in PREPENDED for ch in stripped):
+            carry = (carry[0] + text, carry[1] + count)
+            continue
+        if stripped and all(ch in APPENDED for ch in stripped) and out:
+            out[-1] = (out[-1][0] + text.strip(), out[-1][1] + count)
+            continue
+        if carry[1]:
+            text, count = carry[0] + text.lstrip(), carry[1] + count
+            carry = ("", 0)
+        out.append((text, count))
+    if carry[1]:
+        out.append(carry)
+    return out
+
+
+def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
+    """Median over a sliding window of odd `width` along the last axis (edges mirrored)."""
+    half = width // 2
+    if x.shape[-1] <= half:
+        return x
+    flat = torch.nn.functional.pad(x.reshape(-1, 1, x.shape[-1]), (half, half), mode="reflect")
+    return flat.unfold(-1, width, 1).median(dim=-1).values.reshape(x.shape)
+
+
+def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The monotonic path of least summed cost from (0, 0) to (N-1, M-1); rows and columns per step.
+
+    Cells on one anti-diagonal depend only on the two before it, so each diagonal is one vector step."""
+    n, m = cost.shape
+    total = np.full((n + 1, m + 1), np.inf)
+    total[0, 0] = 0.0
+    move = np.zeros((n + 1, m + 1), dtype=np.int8)  # 0 diagonal, 1 from above (next token), 2 from the left
+    for d in range(2, n + m + 1):
+        i = np.arange(max(1, d - m), min(n, d - 1) + 1)
+        j = d - i
+        options = np.stack([total[i - 1, j - 1], total[i - 1, j], total[i, j - 1]])
+        best = np.argmin(options, axis=0)
+        total[i, j] = cost[i - 1, j - 1] + options[best, np.arange(len(i))]
+        move[i, j] = best
+    i, j = n, m
+    rows, cols = [], []
+    while i > 0 and j > 0:
+        rows.append(i - 1)
+        cols.append(j - 1)
+        step = move[i, j]
+        if step == 0:
+            i, j = i - 1, j - 1
+        elif step == 1:
+            i -= 1
+        else:
+            j -= 1
+    return np.array(rows[::-1]), np.array(cols[::-1])
+
+
+def attach_words(segments: list[Segment], words: list[Word]) -> None:
+    """Give each segment the words whose first token lies among its tokens (both in token order); words
+    past the segments' tokens (a tail long-form decodes again) are left out."""
+    bounds = np.cumsum([len(s.tokens) for s in segments])
+    for segment in segments:
+        segment.words = []
+    first = 0
+    for word in words:
+        index = int(np.searchsorted(bounds, first, side="right"))
+        if index >= len(segments):
+            break
+        segments[index].words.append(word)
+        first += len(word.tokens)
+
+
+def shift_words(words: list[Word] | None, offset: float, floor: float) -> list[Word] | None:
+    """Window-relative word times -> absolute ones, never before `floor` (the previous segment's end)."""
+    if words is None:
+        return None
+    out = []
+    for w in words:
+        start = max(round(offset + w.start, 3), floor)
+        end = max(round(offset + w.end, 3), start)
+        out.append(Word(w.word, start, end, w.probability, w.tokens))
+        floor = start
+    return out

@@ -1,0 +1,152 @@
+"""`asr-transcribe --engine ray` on a real local Ray instance started by the tests (CPU workers)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, LIBRISPEECH_DIR, LJSPEECH_DIR, REPO_ROOT, TINY_EN_DIR
+
+from asr_app.audio import SAMPLE_RATE, load_audio
+
+pytest.importorskip("ray", reason="the cluster extra (Ray) is part of the dev extra")
+
+MODEL_ARGS = ["--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR), "--device", "cpu", "--threads", "1"]
+TIMED_STATS = {"encoder_s", "draft_s", "target_s", "verify_s", "verify_cpu_s", "total_s", "decode_s", "load_s"}
+
+
+def clip_folder(root: Path, count: int = 10) -> Path:
+    """`count` real clips (LibriSpeech, LJSpeech, JFK) copied into one folder."""
+    folder = root / "clips"
+    folder.mkdir()
+    sources = sorted(LIBRISPEECH_DIR.rglob("*.flac")) + sorted((LJSPEECH_DIR / "wavs").glob("*.flac")) + [JFK_FLAC]
+    for path in sources[:count]:
+        shutil.copy(path, folder / path.name)
+    return folder
+
+
+def without_timings(record: dict) -> dict:
+    record = dict(record)
+    record.pop("timings", None)
+    record["stats"] = {k: v for k, v in record["stats"].items() if k not in TIMED_STATS}
+    record["source"] = Path(record["source"]).name
+    return record
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    from asr_app.cli.transcribe import main
+
+    return main([*args, *MODEL_ARGS]), ""
+
+
+def test_two_workers_write_what_the_local_engine_writes(tmp_path, capsys):
+    folder = clip_folder(tmp_path)
+    local, ray_out = tmp_path / "local", tmp_path / "ray"
+    assert run_cli(str(folder), "-o", str(local), "-f", "txt,srt,json")[0] == 0
+    assert run_cli(str(folder), "-o", str(ray_out), "-f", "txt,srt,json", "--engine", "ray", "--num-workers", "2")[0] == 0
+    err = capsys.readouterr().err
+    assert "10 transcribed, 0 failed" in err and "cluster: 10 file(s)" in err and "over 2 worker process(es)" in err
+    names = sorted(p.name for p in local.iterdir())
+    assert names == sorted(p.name for p in ray_out.iterdir()) and len(names) == 30
+    for name in names:
+        if name.endswith(".json"):
+            ours, theirs = (json.loads((d / name).read_text()) for d in (local, ray_out))
+            assert without_timings(ours) == without_timings(theirs), name
+        else:
+            assert (local / name).read_bytes() == (ray_out / name).read_bytes(), name
+
+
+def test_a_killed_worker_loses_nothing_and_repeats_nothing(tmp_path):
+    from asr_app.arguments import decoder_from_args
+    from asr_app.cli.transcribe import build_parser, transcribe_options
+    from asr_app.cluster import ClusterOptions, RayTranscriber
+
+    # The first worker gets a short clip, the second a ~50 s file: when the short one is back, the
+    # second worker is surely mid-file, and it is killed there.
+    speech = np.concatenate([load_audio(p) for p in sorted((LJSPEECH_DIR / "wavs").glob("*.flac"))] +
+                            [load_audio(JFK_FLAC)])
+    paths = [tmp_path / "short.flac"]
+    sf.write(paths[0], load_audio(JFK_FLAC), SAMPLE_RATE)
+    for i in range(1, 6):
+        path = tmp_path / f"long{i}.flac"
+        sf.write(path, np.roll(speech, i * SAMPLE_RATE), SAMPLE_RATE)
+        paths.append(path)
+    args = build_parser().parse_args([str(p) for p in paths] + MODEL_ARGS)
+    args.num_workers = 2
+    keys = []
+    with RayTranscriber(functools.partial(decoder_from_args, args), functools.partial(transcribe_options, args),
+                        ClusterOptions(num_workers=2)) as transcriber:
+        pids = transcriber.pids()
+        for key, outcome in transcriber.run(list(enumerate(paths))):
+            assert not isinstance(outcome, Exception), outcome
+            assert outcome.text.strip() and outcome.duration > (10 if key == 0 else 30)
+            if not keys:  # the first file is back: kill the worker still busy with another
+                busy = [pid for pid in pids if not any(name.endswith(f":{pid}") for name in transcriber.report.workers)]
+                os.kill(busy[0], signal.SIGKILL)
+            keys.append(key)
+        report = transcriber.report
+    assert sorted(keys) == list(range(6))  # every file exactly once
+    # The killed worker held up to two tasks (one running, one waiting): both went to the other workers.
+    assert report.workers_lost == 1 and report.tasks_retried in (1, 2)
+    assert sum(w.files for w in report.workers.values()) == 6
+
+
+def test_skip_existing_after_the_driver_was_killed_redoes_only_the_missing(tmp_path):
+    folder = clip_folder(tmp_path)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "asr_app.cli.transcribe", str(folder), "-o", str(out), "-f", "txt,json",
+           "--engine", "ray", "--num-workers", "1", "--skip-existing", "--quiet", *MODEL_ARGS]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    driver = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(out.glob("*.json"))) < 3:
+            assert driver.poll() is None, driver.stderr.read().decode()
+            assert time.monotonic() < deadline, "the driver wrote nothing in time"
+            time.sleep(0.2)
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray processes it started
+        driver.wait()
+    finally:
+        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
+    done = {p.stem for p in out.glob("*.json")}
+    assert 3 <= len(done) < 10
+    assert {p.stem for p in out.glob("*.txt")} >= done  # json is written last: its file is complete
+    rerun = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    skipped = len({p.stem for p in out.glob("*.txt")} & done)
+    assert f"{10 - skipped} transcribed, 0 failed, {skipped} skipped" in rerun.stderr
+    assert len(list(out.glob("*.json"))) == 10 and not list(out.glob(".asr-tmp-*"))
+
+
+def test_engine_ray_options_are_checked_before_loading(capsys):
+    from asr_app.cli.transcribe import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([str(JFK_FLAC), "--num-workers", "2"])
+    assert exc.value.code == 2 and "--engine ray" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(JFK_FLAC), "--engine", "ray", "--num-workers", "0"])
+    assert "--num-workers must be >= 1" in capsys.readouterr().err
+
+
+def test_engine_ray_without_ray_says_how_to_install(monkeypatch, capsys):
+    import importlib.util
+
+    from asr_app.cli.transcribe import main
+
+    real = importlib.util.find_spec
+    # Ray is installed here (dev extra); a machine without it is one where find_spec finds nothing.
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    assert main([str(JFK_FLAC), "--engine", "ray"]) == 2
+    assert 'pip install "asr-app[cluster]"' in capsys.readouterr().err

@@ -1,0 +1,181 @@
+"""Word timestamps from the target's cross-attention (asr_app/decoding/alignment.py).
+
+The reference is transformers' own word timestamps (`pipeline(..., return_timestamps="word")`) on the
+same tiny.en checkpoint and the same real clips; starts of the words both transcripts share must agree
+within 60 ms on average.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+
+import numpy as np
+import pytest
+from conftest import JFK_FLAC, LIBRISPEECH_DIR, TINY_EN_DIR, lj_clip, normalise
+
+from asr_app.audio import SAMPLE_RATE, load_audio
+from asr_app.decoding.alignment import dtw_path, median_filter, merge_punctuation, split_words
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+CLIPS = {
+    "jfk": JFK_FLAC,
+    "1089-134686-0000": LIBRISPEECH_DIR / "LibriSpeech/test-clean/1089/134686/1089-134686-0000.flac",
+    "1089-134691-0001": LIBRISPEECH_DIR / "LibriSpeech/test-clean/1089/134691/1089-134691-0001.flac",
+    "LJ001-0004": lj_clip("LJ001-0004"),
+}
+MAX_MEAN_START_DIFF_S = 0.060
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_en_pair):
+    from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+
+    return SpeculativeDecoder(tiny_en_pair, DecodingOptions(mode="exact", word_timestamps=True))
+
+
+@pytest.fixture
+def reuse_decoder_words(monkeypatch, decoder):
+    """Hand the CLI the loaded decoder instead of loading tiny.en again."""
+    def from_args(args):
+        assert args.target == str(TINY_EN_DIR)
+        return decoder
+    monkeypatch.setattr("asr_app.arguments.decoder_from_args", from_args)
+
+
+@pytest.fixture(scope="module")
+def transformers_words():
+    """(word, start) lists from transformers' pipeline on the same checkpoint."""
+    from transformers import pipeline
+
+    pipe = pipeline("automatic-speech-recognition", model=str(TINY_EN_DIR), device="cpu")
+    out = {}
+    for name, path in CLIPS.items():
+        chunks = pipe(load_audio(path), return_timestamps="word")["chunks"]
+        out[name] = [(c["text"], float(c["timestamp"][0])) for c in chunks]
+    return out
+
+
+def words_of(result) -> list:
+    return [w for s in result.segments for w in s.words]
+
+
+def matched_start_differences(ours: list[tuple[str, float]], theirs: list[tuple[str, float]]) -> tuple[list, int]:
+    """|start difference| of the words both transcripts have at the same place (normalised text)."""
+    a, b = [normalise(w) for w, _ in ours], [normalise(w) for w, _ in theirs]
+    diffs = []
+    for block in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_matching_blocks():
+        for k in range(block.size):
+            diffs.append(abs(ours[block.a + k][1] - theirs[block.b + k][1]))
+    return diffs, len(a)
+
+
+def test_word_starts_match_transformers_on_real_clips(decoder, transformers_words):
+    means = {}
+    for name, path in CLIPS.items():
+        result = decoder.decode(load_audio(path))[0]
+        ours = [(w.word, w.start) for w in words_of(result)]
+        diffs, count = matched_start_differences(ours, transformers_words[name])
+        assert len(diffs) >= 0.8 * count, (name, ours, transformers_words[name])
+        means[name] = float(np.mean(diffs))
+    assert len(means) >= 3
+    assert all(m <= MAX_MEAN_START_DIFF_S for m in means.values()), means
+
+
+def test_words_cover_the_text_in_order_within_the_audio(decoder):
+    audio = load_audio(JFK_FLAC)
+    result = decoder.decode(audio)[0]
+    words = words_of(result)
+    assert "".join(w.word for w in words).strip() == result.text
+    duration = len(audio) / SAMPLE_RATE
+    assert all(0.0 <= w.start <= w.end <= duration + 0.02 for w in words)
+    assert [w.start for w in words] == sorted(w.start for w in words)
+    assert all(0.0 < w.probability <= 1.0 for w in words)
+    # The 11 s clip's words spread over it, not piled at one end.
+    assert words[0].start < 1.0 and words[-1].end > duration - 1.5
+
+
+def test_every_mode_aligns_the_target_tokens_identically(decoder):
+    from asr_app.decoding import DecodingOptions
+
+    audio = load_audio(CLIPS["1089-134686-0000"])
+    timings = {}
+    for mode in ("off", "exact", "sigmoid", "hf"):
+        result = decoder.decode(audio, DecodingOptions(mode=mode, word_timestamps=True))[0]
+        timings[mode] = [(w.word, w.start, w.end) for w in words_of(result)]
+    assert timings["off"] and timings["exact"] == timings["off"] and timings["hf"] == timings["off"]
+    assert timings["sigmoid"] == timings["off"]  # greedy: sigmoid keeps the target's argmax too
+
+
+def test_dtw_finds_the_cheapest_monotone_path():
+    rng = np.random.default_rng(0)
+    for n, m in [(1, 1), (1, 5), (4, 1), (3, 7), (6, 6), (5, 12)]:
+        cost = rng.random((n, m))
+        rows, cols = dtw_path(cost)
+        assert (rows[0], cols[0]) == (0, 0) and (rows[-1], cols[-1]) == (n - 1, m - 1)
+        steps = np.stack([np.diff(rows), np.diff(cols)], axis=1)
+        assert all(tuple(s) in {(1, 1), (1, 0), (0, 1)} for s in steps)
+        best = np.full((n, m), np.inf)  # plain dynamic programme, cell by cell
+        for i in range(n):
+            for j in range(m):
+                before = [best[i - 1, j - 1] if i and j else np.inf, best[i - 1, j] if i else np.inf,
+                          best[i, j - 1] if j else np.inf]
+                best[i, j] = cost[i, j] + (0.0 if i == j == 0 else min(before))
+        assert cost[rows, cols].sum() == pytest.approx(best[-1, -1])
+
+
+def test_median_filter_removes_spikes_and_keeps_steps():
+    import torch
+
+    x = torch.tensor([[0.0, 0, 0, 9, 0, 0, 0, 1, 1, 1, 1, 1]])
+    out = median_filter(x, 3)
+    assert out.tolist() == [[0.0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1]]
+
+
+def test_words_split_at_spaces_and_punctuation_joins_its_neighbour(tiny_en_pair):
+    tokenizer = tiny_en_pair.processor.tokenizer
+    tokens = tokenizer(' "Hello," she said, unbelievably.', add_special_tokens=False)["input_ids"]
+    words = merge_punctuation(split_words(tokenizer, tokens))
+    assert [w for w, _ in words] == [' "Hello,"', " she", " said,", " unbelievably."]
+    assert sum(count for _, count in words) == len(tokens)
+
+
+def test_cli_word_timestamps_json_and_one_word_subtitles(tmp_path, capsys, reuse_decoder_words):
+    from asr_app.cli.transcribe import main
+
+    out = tmp_path / "out"
+    rc = main([str(JFK_FLAC), "-o", str(out), "-f", "json,srt", "--word_timestamps", "True",
+               "--max_words_per_line", "1", "--target", str(TINY_EN_DIR), "--device", "cpu"])
+    assert rc == 0, capsys.readouterr().err
+    record = json.loads((out / "jfk.json").read_text())
+    words = [w for s in record["segments"] for w in s["words"]]
+    assert set(words[0]) == {"word", "start", "end", "probability"}
+    assert len(words) >= 20 and [w["start"] for w in words] == sorted(w["start"] for w in words)
+    cues = re.findall(r"\d\d:\d\d:\d\d,\d{3} --> \d\d:\d\d:\d\d,\d{3}\n(.+)\n", (out / "jfk.srt").read_text())
+    assert len(cues) == len(words) and all(len(c.split()) == 1 for c in cues)
+
+
+def test_cli_max_words_per_line_needs_word_timestamps(capsys):
+    from asr_app.cli.transcribe import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([str(JFK_FLAC), "--max_words_per_line", "3"])
+    assert exc.value.code == 2 and "--word_timestamps" in capsys.readouterr().err
+
+
+def test_long_form_words_are_absolute_and_follow_their_segments(decoder):
+    from asr_app.longform import TranscribeOptions, transcribe
+
+    gap = np.zeros(SAMPLE_RATE // 2, dtype=np.float32)
+    audio = np.concatenate([load_audio(lj_clip("LJ001-0001")), gap, load_audio(JFK_FLAC), gap,
+                            load_audio(lj_clip("LJ001-0003"))])
+    assert len(audio) / SAMPLE_RATE > 31.0
+    result = transcribe(decoder, audio, TranscribeOptions(decoding=decoder.options))
+    for segment in result.segments:
+        assert segment.words, segment
+        assert normalise("".join(w.word for w in segment.words)) == normalise(segment.text)
+        assert all(segment.start - 0.5 <= w.start <= segment.end + 0.5 for w in segment.words), segment
+    starts = [w.start for s in result.segments for w in s.words]
+    assert starts == sorted(starts) and starts[-1] > 30.0
