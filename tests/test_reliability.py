@@ -3,6 +3,7 @@ goes on, nothing is lost and nothing half-written is left; memory stays bounded 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -92,7 +93,28 @@ def _as_nobody(code: str, *paths: Path) -> subprocess.CompletedProcess:
     for p in paths:
         p.chmod(p.stat().st_mode | 0o055)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HOME": tempfile.gettempdir()}
-    return subprocess.run([*NOBODY, sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    with _passable_to_others(REPO_ROOT, Path(sys.prefix)):
+        return subprocess.run([*NOBODY, sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                              timeout=120)
+
+
+@contextlib.contextmanager
+def _passable_to_others(*places: Path):
+    """Let other users pass through (o+x, not read) the folders above the checkout and the venv while
+    the block runs: a clean checkout may sit in a private folder (mktemp -d is 0700), where `nobody`
+    could not even import the package."""
+    changed = {}
+    for place in places:
+        for folder in [place.resolve(), *place.resolve().parents]:
+            mode = folder.stat().st_mode
+            if folder not in changed and not mode & 0o001:
+                changed[folder] = mode
+                folder.chmod(mode | 0o001)
+    try:
+        yield
+    finally:
+        for folder, mode in changed.items():
+            folder.chmod(mode)
 
 
 def test_unreadable_file_and_read_only_folder_as_an_ordinary_user():
