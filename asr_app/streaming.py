@@ -18,6 +18,7 @@ segments in proportion to the words' lengths instead (cheaper, and off by up to 
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import re
 import time
@@ -90,7 +91,7 @@ def join_words(words: Sequence[Word]) -> str:
     return " ".join(w.text for w in words)
 
 
-class CommitPolicy:
+class CommitPolicy(abc.ABC):
     """What a commit policy keeps: committed words still in the buffer, the uncommitted tail.
 
     Each hypothesis is the full word sequence decoded from the current buffer, so it repeats the
@@ -107,10 +108,10 @@ class CommitPolicy:
         self.committed_end = 0.0          # end time of the last committed word
         self.tail: list[Word] = []        # newest hypothesis minus what is committed
 
+    @abc.abstractmethod
     def insert(self, hypothesis: Sequence[Word], buffer_end: float) -> list[Word]:
         """Add a new hypothesis of the buffer (which ends at stream time `buffer_end`); returns the
         words it commits (maybe none)."""
-        raise NotImplementedError
 
     def _uncommitted_part(self, hypothesis: Sequence[Word]) -> list[Word]:
         i = 0
@@ -131,11 +132,7 @@ class CommitPolicy:
         """Commit the whole tail (end of stream, or a forced buffer cut)."""
         flushed = self._commit(self.tail)
         self.tail = []
-        self._forget_hypothesis()
         return flushed
-
-    def _forget_hypothesis(self) -> None:
-        pass
 
     def trim(self, before: float) -> None:
         """The buffer now starts at `before`: forget committed words that lie before it."""
@@ -178,8 +175,9 @@ class LocalAgreement(CommitPolicy):
         self._previous = self.tail
         return committed
 
-    def _forget_hypothesis(self) -> None:
-        self._previous = None
+    def flush(self) -> list[Word]:
+        self._previous = None  # the next hypothesis has nothing to agree with
+        return super().flush()
 
 
 class AlignAtt(CommitPolicy):
@@ -441,15 +439,15 @@ class StreamingProcessor:
         prompt, and tiny.en then skipped them and what followed.) Interpolated times are too rough for
         that: there the cut is at the latest segment end inside the committed text, as whisper_streaming
         does."""
-        limit = self.agreement.committed_end + 0.05
+        committed_end = self.agreement.committed_end
         if self.options.word_alignment and self.agreement.in_buffer:
-            if self._buffer_start < self.agreement.committed_end:
-                self._cut(self.agreement.committed_end)
-            return
-        ends = [self._buffer_start + float(s.end) for s in segments]
-        candidates = [e for e in ends if self._buffer_start < e <= limit]
-        if candidates:
-            self._cut(max(candidates))
+            cuts = [committed_end]
+        else:
+            cuts = [self._buffer_start + float(s.end) for s in segments if
+                    self._buffer_start + float(s.end) <= committed_end + 0.05]
+        cuts = [c for c in cuts if c > self._buffer_start]
+        if cuts:
+            self._cut(max(cuts))
 
 
 def latency_report(events: Sequence[StreamEvent], audio_seconds: float,

@@ -73,10 +73,8 @@ def align_words(runtime, encoder_hidden: torch.Tensor, item: AlignmentInput, hea
     # Rows: the input <|notimestamps|> (which predicts the first text token) .. the last text token.
     matrix = weights.mean(dim=0)[len(item.sot_sequence) - 1 : -1]
     rows, cols = dtw_path(-matrix.double().cpu().numpy())
-    first_col = np.full(matrix.shape[0], -1)
-    for r, c in zip(rows[::-1], cols[::-1]):
-        first_col[r] = c  # overwritten until it holds the first (lowest) column of each row
-    token_times = first_col / FRAMES_PER_SECOND
+    # The path visits every row in order; a token's time is the frame where the path reaches its row.
+    token_times = cols[np.r_[0, np.flatnonzero(np.diff(rows)) + 1]] / FRAMES_PER_SECOND
     probs = token_probabilities(runtime, hidden, ids, len(item.sot_sequence))
     return _words(tokenizer, item.text_tokens, token_times, probs)
 

@@ -66,12 +66,13 @@ class DecoderRuntime:
         return self.weights.max_positions
 
     # ------------------------------------------------------------------ per-window state
-    def new_state(self, encoder_hidden: torch.Tensor) -> DecoderState:
-        """Allocate the cache for `encoder_hidden` [B, frames, d] and compute the cross K/V once."""
+    def new_state(self, encoder_hidden: torch.Tensor, positions: int | None = None) -> DecoderState:
+        """Allocate the cache for `encoder_hidden` [B, frames, d] and compute the cross K/V once.
+        `positions`: self-attention slots to allocate (default the decoder's maximum)."""
         w = self.weights
         batch = encoder_hidden.shape[0]
         layers, heads, head_dim = len(w.layers), w.heads, w.head_dim
-        shape = (layers, batch, heads, w.max_positions, head_dim)
+        shape = (layers, batch, heads, positions or w.max_positions, head_dim)
         state = DecoderState(
             self_k=torch.zeros(shape, dtype=w.dtype, device=w.device),
             self_v=torch.zeros(shape, dtype=w.dtype, device=w.device),
@@ -114,9 +115,9 @@ class DecoderRuntime:
         """One pass over the whole sequence `ids` [B, L] with a fresh cache (the decoding caches are left
         alone): the hidden states [B, L, d] and the cross-attention probabilities [B, H, L, frames] of
         `layers`."""
-        state = self.new_state(encoder_hidden)
-        probe = dict.fromkeys(layers)
         count = ids.shape[1]
+        state = self.new_state(encoder_hidden, positions=count)  # one pass: no room for more tokens needed
+        probe = dict.fromkeys(layers)
         positions = torch.arange(count, device=ids.device)
         hidden = self.forward(state, ids, positions, count, visible_keys(positions, count), probe)
         return hidden, probe
