@@ -95,6 +95,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             "Changes speed and acceptance, never the output")
     group.add_argument("--no-cuda-graphs", action="store_true",
                        help="on a GPU, launch every decoding step eagerly instead of replaying CUDA graphs")
+    group.add_argument("--no-weight-packing", action="store_true",
+                       help="on a CPU, run the projections on the model's own weights instead of a copy packed for "
+                            "oneDNN (slower; saves that copy's memory, about the model's size)")
     group.add_argument("--alpha", type=float, default=-1e3, help="sigmoid mode: lower logit bound (default -1e3)")
     group.add_argument("--beta", type=float, default=1e3, help="sigmoid mode: upper logit bound (default 1e3)")
     group.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
@@ -191,7 +194,8 @@ def decoder_from_args(args: argparse.Namespace):
         log.warning("no draft model for '%s': decoding with the target only (mode off)", pair.target_name)
         options = options_from_args(args, mode="off", language=options.language)
     runtime = RuntimeOptions(draft_vocab=getattr(args, "draft_vocab", DEFAULT_DRAFT_VOCAB) or None,
-                             cuda_graphs="off" if getattr(args, "no_cuda_graphs", False) else "auto")
+                             cuda_graphs="off" if getattr(args, "no_cuda_graphs", False) else "auto",
+                             packed_weights=not getattr(args, "no_weight_packing", False))
     return SpeculativeDecoder(pair, options, runtime)
 
 

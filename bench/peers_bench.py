@@ -8,13 +8,13 @@ order rotated from repeat to repeat, so load changes hit all alike. Engines:
 - `faster-whisper fp32` / `int8`: faster-whisper (CTranslate2) on the offline extra's tiny.en;
 - ours `off` (target only) and `exact <K>` (speculative, the distilled draft with a K-token head, 0 = the
   whole vocabulary; greedy verification), through `SpeculativeDecoder.decode`, feature extraction included
-  as for the others.
+  as for the others; with `--unpacked` also both on the models' own (not oneDNN-packed) weights.
 
 Per engine: RTFx (audio seconds / median compute seconds, summed over clips), and for ours also the
 decoding loop alone (total minus feature extraction and encoder, from the decoder's own statistics).
 Transcripts are scored against the references (WER after Whisper's English normaliser).
 
-    python bench/peers_bench.py --repeats 5 --threads 2
+    python bench/peers_bench.py --repeats 5 --threads 2 --draft-vocab 16384 0 --unpacked
 """
 
 from __future__ import annotations
@@ -97,10 +97,13 @@ def build_engine(name: str, shared: Path, threads: int):
     pair = load_pair(target=str(models / "whisper-tiny.en"), draft=str(models / "distil-tiny.en-draft"), device="cpu")
     if name == "transformers":
         return transformers_engine(pair)
+    packed = not name.endswith(" unpacked")
+    name = name.removesuffix(" unpacked")
     if name == "ours off":
-        return our_engine(SpeculativeDecoder(pair), "off")
+        return our_engine(SpeculativeDecoder(pair, runtime=RuntimeOptions(packed_weights=packed)), "off")
     size = int(name.split()[-1])
-    return our_engine(SpeculativeDecoder(pair, runtime=RuntimeOptions(draft_vocab=size or None)), "exact")
+    runtime = RuntimeOptions(draft_vocab=size or None, packed_weights=packed)
+    return our_engine(SpeculativeDecoder(pair, runtime=runtime), "exact")
 
 
 def child(name: str, shared: Path, threads: int) -> dict:
@@ -190,6 +193,8 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--draft-vocab", type=int, nargs="+", default=[RuntimeOptions().draft_vocab],
                     help="draft head sizes to run `exact` with (0 = the whole vocabulary)")
+    ap.add_argument("--unpacked", action="store_true",
+                    help="also run ours off / exact on the models' own weights (RuntimeOptions(packed_weights=False))")
     ap.add_argument("--out", type=Path, default=RESULTS / "peers_bench.json")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -198,6 +203,8 @@ def main(argv=None) -> None:
         return
     names = ["transformers", "faster-whisper fp32", "faster-whisper int8", "ours off",
              *(f"ours exact {size}" for size in args.draft_vocab)]
+    if args.unpacked:
+        names += ["ours off unpacked", f"ours exact {args.draft_vocab[0]} unpacked"]
     print(f"13 clips, {args.repeats} repeats, {args.threads} threads, one process per engine and repeat", flush=True)
     report = measure(names, args.shared, args.threads, args.repeats)
     report["config"] = {"repeats": args.repeats, "threads": args.threads,

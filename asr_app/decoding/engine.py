@@ -33,7 +33,7 @@ from asr_app.decoding.prompt import Prompt, build_prompt, eos_token
 from asr_app.decoding.rules import RuleState, WhisperLogitRules
 from asr_app.decoding.steps import Steps, Workspace
 from asr_app.decoding.text import decode_text, split_segments
-from asr_app.runtime import DecoderRuntime, StepRunner, draft_vocabulary
+from asr_app.runtime import DecoderRuntime, EncoderRuntime, StepRunner, draft_vocabulary
 
 
 class SpeculativeDecoder:
@@ -55,12 +55,17 @@ class SpeculativeDecoder:
         self.max_positions = self.target.config.max_target_positions
         self._multilingual = bool(getattr(gc, "is_multilingual", False))
         self.graph_mode = runtime.graph_mode(pair.device)
-        self.target_runtime = DecoderRuntime.from_model(self.target)
-        self.draft_runtime = None
+        packed = runtime.packed_weights
+        self.target_encoder = EncoderRuntime.from_model(self.target, packed)
+        self.target_runtime = DecoderRuntime.from_model(self.target, packed=packed)
+        self.draft_runtime = self.draft_encoder = None
         if self.draft is not None:
             head_ids = (draft_vocabulary(self.tokenizer, self.vocab, self.eos, runtime.draft_vocab)
                         if runtime.draft_vocab else None)
-            self.draft_runtime = DecoderRuntime.from_model(self.draft, head_ids)
+            matmul_dtype = torch.bfloat16 if runtime.draft_matmul_dtype == "bfloat16" else None
+            self.draft_runtime = DecoderRuntime.from_model(self.draft, head_ids, packed, matmul_dtype)
+            if not pair.shared_encoder:
+                self.draft_encoder = EncoderRuntime.from_model(self.draft, packed)
         self._rules: dict[tuple, WhisperLogitRules] = {}
         self._workspaces: dict[tuple[int, bool], Workspace] = {}
         self._step_costs: StepCosts | None = None
@@ -205,13 +210,13 @@ class SpeculativeDecoder:
 
     def _encode(self, feats: torch.Tensor, speculative: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The target's encoder output and, for a speculative mode, the draft's (shared when it can be)."""
-        encoder_hidden = self.target.get_encoder()(feats).last_hidden_state
+        encoder_hidden = self.target_encoder(feats)
         if not speculative:
             return encoder_hidden, None
         draft_dtype = self.pair.draft_compute_dtype  # the draft may run in its own dtype
-        if self.pair.shared_encoder:
+        if self.draft_encoder is None:
             return encoder_hidden, encoder_hidden.to(draft_dtype)
-        return encoder_hidden, self.draft.get_encoder()(feats.to(draft_dtype)).last_hidden_state
+        return encoder_hidden, self.draft_encoder(feats.to(draft_dtype))
 
     def _workspace(self, encoder_hidden: torch.Tensor, draft_hidden: torch.Tensor | None) -> Workspace:
         """Decoder states for this window. Eagerly new ones; with graphs one persistent workspace per

@@ -42,8 +42,9 @@ def resolve_draft_dtype(draft_dtype: str | torch.dtype | None, device: torch.dev
     """The draft's dtype: the target's unless told otherwise (None, "", "auto" and "same" all mean the target's).
 
     The draft only proposes tokens and verification decides what is kept, so its precision changes its
-    acceptance rate and the speed, never the output (greedy tokens, or the sampling distribution). On the CPUs
-    measured a bf16 draft was no faster (docs/decoding.md), so it is not the default anywhere.
+    acceptance rate and the speed, never the output (greedy tokens, or the sampling distribution). A whole bf16
+    draft was no faster on the CPU measured (its attention is slow in bf16: docs/decoding.md); the runtime's
+    default instead packs only the draft's matrices in bf16 (`RuntimeOptions.draft_matmul_dtype`).
     """
     if draft_dtype in (None, "", "auto", "same"):
         return target_dtype

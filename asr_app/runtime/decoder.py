@@ -55,10 +55,15 @@ class DecoderRuntime:
         self.head = head or OutputHead.full(weights.output)
 
     @classmethod
-    def from_model(cls, model, head_ids: torch.Tensor | None = None) -> DecoderRuntime:
-        """The runtime of `model`'s decoder; `head_ids`: score only these token ids (a reduced head)."""
-        weights = decoder_weights(model)
-        head = None if head_ids is None else OutputHead.subset(weights.output, head_ids)
+    def from_model(cls, model, head_ids: torch.Tensor | None = None, packed: bool = True,
+                   packed_dtype: torch.dtype | None = None) -> DecoderRuntime:
+        """The runtime of `model`'s decoder; `head_ids`: score only these token ids (a reduced head);
+        `packed`: weights pre-packed where that is faster (`ops.pack`), in `packed_dtype` where given
+        and supported (a draft's matrices in bf16; activations, caches and attention keep the model's
+        dtype)."""
+        weights = decoder_weights(model, packed, packed_dtype)
+        head = (OutputHead.full(weights.output, packed, packed_dtype) if head_ids is None
+                else OutputHead.subset(weights.output, head_ids, packed, packed_dtype))
         return cls(weights, head)
 
     @property
@@ -89,8 +94,8 @@ class DecoderRuntime:
         hidden = encoder_hidden.to(self.weights.dtype)
         heads = self.weights.heads
         for i, layer in enumerate(self.weights.layers):
-            state.cross_k[i].copy_(split_heads(F.linear(hidden, layer.cross_key), heads))
-            state.cross_v[i].copy_(split_heads(F.linear(hidden, *layer.cross_value), heads))
+            state.cross_k[i].copy_(split_heads(linear(hidden, layer.cross_key), heads))
+            state.cross_v[i].copy_(split_heads(linear(hidden, *layer.cross_value), heads))
         state.length = 0
 
     # ------------------------------------------------------------------ the step
@@ -146,7 +151,7 @@ class DecoderRuntime:
         x = x + linear(merge_heads(attn), *layer.cross_out)
 
         h = layer_norm(x, layer.mlp_norm, w.eps)
-        return x + linear(F.gelu(linear(h, *layer.fc1)), *layer.fc2)
+        return x + linear(linear(h, *layer.fc1, activation="gelu"), *layer.fc2)
 
     def step(self, state: DecoderState, ids: torch.Tensor) -> torch.Tensor:
         """Eager convenience: append `ids` [B, L] after the cache's `length` tokens; hidden [B, L, d]."""

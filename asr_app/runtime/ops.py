@@ -2,22 +2,92 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
-# Up to this many rows a CPU fp32 projection runs as W @ x^T (see `linear`).
+# Up to this many rows a CPU fp32 projection with an unpacked weight runs as W @ x^T (see `linear`).
 SKINNY_ROWS = 16
+ACTIVATIONS = (None, "gelu")
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., k] @ weight[n, k]^T (+ bias).
+@functools.cache
+def onednn_packing_works(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build and CPU run `dtype` projections through oneDNN with pre-packed weights (the
+    private ops PyTorch's own compiler uses on CPUs), checked once on a small case against `F.linear`."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return False
+        generator = torch.Generator().manual_seed(0)
+        weight, x = torch.randn(24, 16, generator=generator), torch.randn(3, 16, generator=generator)
+        weight, x = weight.to(dtype), x.to(dtype)
+        out = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(weight, None),
+                                                 None, "none", [], "")
+    except (AttributeError, RuntimeError):  # a build without the ops, or a CPU oneDNN does not support
+        return False
+    tolerance = 1e-5 if dtype == torch.float32 else 5e-2
+    return bool(torch.allclose(out.float(), F.linear(x, weight).float(), rtol=tolerance, atol=tolerance))
 
-    A decoding step multiplies a handful of rows by each weight matrix. On a CPU in fp32, `F.linear`
-    takes a path for that shape that repacks the weight on every call, so a step that streams its
-    weights from memory pays for reading them several times; `weight @ x^T` reads each once. It needs
+
+def pack(weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`weight` [n, k] in the form `linear` reads fastest on its device: on a CPU in fp32, a copy
+    pre-packed into oneDNN's blocked layout (a matrix library that packs per call reads a weight three
+    times; oneDNN also runs AVX-512 where MKL keeps to AVX2 on AMD CPUs: docs/runtime.md). Elsewhere the
+    weight itself. The copy is extra memory: the model keeps its own tensors for transformers' modules.
+
+    `dtype=torch.bfloat16` packs an fp32 weight in bf16 where the CPU multiplies bf16 natively (half the
+    bytes to stream; `linear` casts the activations in and out): for a draft, whose precision changes
+    its acceptance, never the output. Where bf16 is not supported the fp32 packing applies."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not onednn_packing_works():
+        return weight
+    if dtype == torch.bfloat16 and onednn_packing_works(torch.bfloat16):
+        weight = weight.to(torch.bfloat16)
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           activation: str | None = None) -> torch.Tensor:
+    """activation(x [..., k] @ weight[n, k]^T (+ bias)); `weight` dense or from `pack`.
+
+    A packed weight runs in oneDNN with the activation fused. For a dense weight: a decoding step
+    multiplies a handful of rows by each weight matrix. On a CPU in fp32, `F.linear` takes a path for
+    that shape that repacks the weight on every call, so a step that streams its weights from memory
+    pays for reading them several times; `weight @ x^T` reads each once. It needs
     at least two columns to stay off the matrix-vector path, which has the same problem, so a single row
     is doubled. Same products, summed in another order: values agree to float rounding.
     """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if weight.is_mkldnn:
+        if x.dtype == weight.dtype:
+            return _packed_linear(x, weight, bias, activation)
+        bias = bias.to(weight.dtype) if bias is not None else None
+        return _packed_linear(x.to(weight.dtype), weight, bias, activation).to(x.dtype)
+    out = _dense_linear(x, weight, bias)
+    return F.gelu(out) if activation == "gelu" else out
+
+
+def _packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   activation: str | None) -> torch.Tensor:
+    """oneDNN with a packed weight. A single row is doubled: for one row oneDNN may split the sum over k
+    between threads, and a token's values would then depend on how many tokens shared its step (the
+    speculative modes must see the same numbers as target-only decoding). From two rows on, each row's
+    result is the same whatever the row count and its place among them (tested)."""
+    rows = x.numel() // x.shape[-1]
+    if rows == 0:
+        return x.new_zeros(*x.shape[:-1], weight.shape[0])
+    flat = x.reshape(rows, x.shape[-1])
+    if rows == 1:
+        flat = torch.cat([flat, flat])
+    out = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), weight, bias, activation or "none", [],
+                                             "none" if activation else "")
+    return out[:rows].reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
     if x.device.type != "cpu" or x.dtype != torch.float32 or rows > SKINNY_ROWS or rows == 0:
         return F.linear(x, weight, bias)

@@ -12,9 +12,11 @@ size whose scale is not a power of two (small test models) the step scales the q
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+
+from asr_app.runtime.ops import pack
 
 
 @dataclass(frozen=True)
@@ -93,8 +95,25 @@ def _layer(layer, scale: float) -> LayerWeights:
     )
 
 
-def decoder_weights(model) -> DecoderWeights:
-    """The decoder weights of a Whisper model (any size; target or draft)."""
+def packed_layer(layer: LayerWeights, dtype: torch.dtype | None = None) -> LayerWeights:
+    """`layer` with its projection matrices in the form `ops.linear` reads fastest (`ops.pack`), in
+    `dtype` where given and supported (biases follow the packed matrices' dtype)."""
+    def pair(weights: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        packed = pack(weights[0], dtype)
+        return packed, weights[1].to(packed.dtype)
+
+    qkv_weight = pack(layer.qkv_weight, dtype)
+    return replace(
+        layer, qkv_weight=qkv_weight, qkv_bias=layer.qkv_bias.to(qkv_weight.dtype),
+        self_out=pair(layer.self_out), cross_query=pair(layer.cross_query),
+        cross_key=pack(layer.cross_key, dtype), cross_value=pair(layer.cross_value),
+        cross_out=pair(layer.cross_out), fc1=pair(layer.fc1), fc2=pair(layer.fc2))
+
+
+def decoder_weights(model, packed: bool = True, packed_dtype: torch.dtype | None = None) -> DecoderWeights:
+    """The decoder weights of a Whisper model (any size; target or draft). `packed`: projection matrices
+    pre-packed where that is faster (`ops.pack`: CPU fp32), in `packed_dtype` where given; the output
+    layer stays dense here (a reduced head selects its rows first; `OutputHead` packs its own)."""
     config = model.config
     if getattr(config, "activation_function", "gelu") != "gelu":
         raise ValueError(f"unsupported decoder activation {config.activation_function!r} (Whisper uses gelu)")
@@ -104,6 +123,8 @@ def decoder_weights(model) -> DecoderWeights:
     exact = math.log2(scale).is_integer()  # multiplying by a power of two never rounds
     with torch.no_grad():
         layers = tuple(_layer(layer, scale if exact else 1.0) for layer in decoder.layers)
+        if packed:
+            layers = tuple(packed_layer(layer, packed_dtype) for layer in layers)
     output = model.proj_out.weight.detach()
     return DecoderWeights(
         embed_tokens=decoder.embed_tokens.weight.detach(),
