@@ -11,13 +11,13 @@ most of its time. Values agree with transformers' encoder to float rounding (tes
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from asr_app.runtime.ops import layer_norm, linear, pack
+from asr_app.runtime.weights import fused_qkv, module_pair, query_scales
 
 
 @dataclass(frozen=True)
@@ -43,24 +43,20 @@ class EncoderWeights:
     query_scale: float              # 1.0 when the query weights are pre-scaled; else applied per layer
 
 
-def _pair(module: torch.nn.Module, packed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    weight = module.weight.detach()
-    return (pack(weight) if packed else weight), module.bias.detach()
-
-
 def _layer(layer, scale: float, packed: bool) -> EncoderLayerWeights:
-    attn = layer.self_attn
-    q_w, k_w, v_w = (attn.q_proj.weight.detach(), attn.k_proj.weight.detach(), attn.v_proj.weight.detach())
-    k_b = attn.k_proj.bias.detach() if attn.k_proj.bias is not None else torch.zeros_like(attn.v_proj.bias)
-    qkv = torch.cat([q_w * scale, k_w, v_w]).contiguous()
+    def projection(module) -> tuple[torch.Tensor, torch.Tensor]:
+        weight, bias = module_pair(module)
+        return (pack(weight) if packed else weight), bias
+
+    qkv_weight, qkv_bias = fused_qkv(layer.self_attn, scale)
     return EncoderLayerWeights(
-        attn_norm=_pair(layer.self_attn_layer_norm),
-        qkv_weight=pack(qkv) if packed else qkv,
-        qkv_bias=torch.cat([attn.q_proj.bias.detach() * scale, k_b, attn.v_proj.bias.detach()]),
-        attn_out=_pair(attn.out_proj, packed),
-        mlp_norm=_pair(layer.final_layer_norm),
-        fc1=_pair(layer.fc1, packed),
-        fc2=_pair(layer.fc2, packed),
+        attn_norm=module_pair(layer.self_attn_layer_norm),
+        qkv_weight=pack(qkv_weight) if packed else qkv_weight,
+        qkv_bias=qkv_bias,
+        attn_out=projection(layer.self_attn.out_proj),
+        mlp_norm=module_pair(layer.final_layer_norm),
+        fc1=projection(layer.fc1),
+        fc2=projection(layer.fc2),
     )
 
 
@@ -71,15 +67,14 @@ def encoder_weights(model, packed: bool = True) -> EncoderWeights:
         raise ValueError(f"unsupported encoder activation {config.activation_function!r} (Whisper uses gelu)")
     encoder = model.get_encoder()
     heads = config.encoder_attention_heads
-    scale = (config.d_model // heads) ** -0.5
-    exact = math.log2(scale).is_integer()  # multiplying by a power of two never rounds
+    folded, per_step = query_scales(config.d_model, heads)
     with torch.no_grad():
-        layers = tuple(_layer(layer, scale if exact else 1.0, packed) for layer in encoder.layers)
+        layers = tuple(_layer(layer, folded, packed) for layer in encoder.layers)
     return EncoderWeights(
-        conv1=_pair(encoder.conv1), conv2=_pair(encoder.conv2),
+        conv1=module_pair(encoder.conv1), conv2=module_pair(encoder.conv2),
         positions=encoder.embed_positions.weight.detach(),
-        layers=layers, final_norm=_pair(encoder.layer_norm), heads=heads, eps=encoder.layer_norm.eps,
-        query_scale=1.0 if exact else scale,
+        layers=layers, final_norm=module_pair(encoder.layer_norm), heads=heads, eps=encoder.layer_norm.eps,
+        query_scale=per_step,
     )
 
 

@@ -70,28 +70,44 @@ class DecoderWeights:
         return self.embed_tokens.device
 
 
-def _pair(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+def module_pair(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, bias) of a linear, convolution or norm module, detached."""
     return module.weight.detach(), module.bias.detach()
+
+
+def query_scales(d_model: int, heads: int) -> tuple[float, float]:
+    """(factor folded into the query weights, factor applied per step): Whisper's 1/sqrt(head_dim) is folded
+    in where it is a power of two (multiplying by one never rounds), else applied after the projection."""
+    scale = (d_model // heads) ** -0.5
+    return (scale, 1.0) if math.log2(scale).is_integer() else (1.0, scale)
+
+
+def fused_qkv(attn, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A self-attention's Q/K/V projections as one [3d, d] matrix and [3d] bias, the query rows multiplied
+    by `scale`; the key projection has no bias in Whisper (zeros)."""
+    q_w, k_w, v_w = (attn.q_proj.weight.detach(), attn.k_proj.weight.detach(), attn.v_proj.weight.detach())
+    zeros = torch.zeros(k_w.shape[0], dtype=q_w.dtype, device=q_w.device)
+    k_b = attn.k_proj.bias.detach() if attn.k_proj.bias is not None else zeros
+    return (torch.cat([q_w * scale, k_w, v_w]).contiguous(),
+            torch.cat([attn.q_proj.bias.detach() * scale, k_b, attn.v_proj.bias.detach()]))
 
 
 def _layer(layer, scale: float) -> LayerWeights:
     attn, cross = layer.self_attn, layer.encoder_attn
-    q_w, k_w, v_w = (attn.q_proj.weight.detach(), attn.k_proj.weight.detach(), attn.v_proj.weight.detach())
-    zeros = torch.zeros(k_w.shape[0], dtype=q_w.dtype, device=q_w.device)
-    k_b = attn.k_proj.bias.detach() if attn.k_proj.bias is not None else zeros
+    qkv_weight, qkv_bias = fused_qkv(attn, scale)
     return LayerWeights(
-        self_norm=_pair(layer.self_attn_layer_norm),
-        qkv_weight=torch.cat([q_w * scale, k_w, v_w]).contiguous(),
-        qkv_bias=torch.cat([attn.q_proj.bias.detach() * scale, k_b, attn.v_proj.bias.detach()]),
-        self_out=_pair(attn.out_proj),
-        cross_norm=_pair(layer.encoder_attn_layer_norm),
+        self_norm=module_pair(layer.self_attn_layer_norm),
+        qkv_weight=qkv_weight,
+        qkv_bias=qkv_bias,
+        self_out=module_pair(attn.out_proj),
+        cross_norm=module_pair(layer.encoder_attn_layer_norm),
         cross_query=(cross.q_proj.weight.detach() * scale, cross.q_proj.bias.detach() * scale),
         cross_key=cross.k_proj.weight.detach(),
-        cross_value=_pair(cross.v_proj),
-        cross_out=_pair(cross.out_proj),
-        mlp_norm=_pair(layer.final_layer_norm),
-        fc1=_pair(layer.fc1),
-        fc2=_pair(layer.fc2),
+        cross_value=module_pair(cross.v_proj),
+        cross_out=module_pair(cross.out_proj),
+        mlp_norm=module_pair(layer.final_layer_norm),
+        fc1=module_pair(layer.fc1),
+        fc2=module_pair(layer.fc2),
     )
 
 
@@ -119,10 +135,9 @@ def decoder_weights(model, packed: bool = True, packed_dtype: torch.dtype | None
         raise ValueError(f"unsupported decoder activation {config.activation_function!r} (Whisper uses gelu)")
     decoder = model.get_decoder()
     heads = config.decoder_attention_heads
-    scale = (config.d_model // heads) ** -0.5
-    exact = math.log2(scale).is_integer()  # multiplying by a power of two never rounds
+    folded, per_step = query_scales(config.d_model, heads)
     with torch.no_grad():
-        layers = tuple(_layer(layer, scale if exact else 1.0) for layer in decoder.layers)
+        layers = tuple(_layer(layer, folded) for layer in decoder.layers)
         if packed:
             layers = tuple(packed_layer(layer, packed_dtype) for layer in layers)
     output = model.proj_out.weight.detach()
@@ -131,9 +146,9 @@ def decoder_weights(model, packed: bool = True, packed_dtype: torch.dtype | None
         embed_positions=decoder.embed_positions.weight.detach(),
         embed_scale=math.sqrt(config.d_model) if config.scale_embedding else 1.0,
         layers=layers,
-        final_norm=_pair(decoder.layer_norm),
+        final_norm=module_pair(decoder.layer_norm),
         output=output,
         heads=heads,
         eps=decoder.layer_norm.eps,
-        query_scale=1.0 if exact else scale,
+        query_scale=per_step,
     )
