@@ -97,7 +97,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="on a GPU, launch every decoding step eagerly instead of replaying CUDA graphs")
     group.add_argument("--no-weight-packing", action="store_true",
                        help="on a CPU, run the projections on the model's own weights instead of a copy packed for "
-                            "oneDNN (slower; saves that copy's memory, about the model's size)")
+                            "oneDNN (slower; saves that copy's memory, about the model's size), and the encoder's "
+                            "attention with PyTorch's own kernel")
+    group.add_argument("--default-allocator", action="store_true",
+                       help="leave glibc's malloc as it is: give freed memory back to the system at once (slower; "
+                            "by default freed memory is kept for reuse, so the process stays at its peak size)")
     group.add_argument("--alpha", type=float, default=-1e3, help="sigmoid mode: lower logit bound (default -1e3)")
     group.add_argument("--beta", type=float, default=1e3, help="sigmoid mode: upper logit bound (default 1e3)")
     group.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
@@ -195,7 +199,8 @@ def decoder_from_args(args: argparse.Namespace):
         options = options_from_args(args, mode="off", language=options.language)
     runtime = RuntimeOptions(draft_vocab=getattr(args, "draft_vocab", DEFAULT_DRAFT_VOCAB) or None,
                              cuda_graphs="off" if getattr(args, "no_cuda_graphs", False) else "auto",
-                             packed_weights=not getattr(args, "no_weight_packing", False))
+                             packed_weights=not getattr(args, "no_weight_packing", False),
+                             keep_freed_memory=not getattr(args, "default_allocator", False))
     return SpeculativeDecoder(pair, options, runtime)
 
 

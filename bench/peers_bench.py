@@ -8,13 +8,19 @@ order rotated from repeat to repeat, so load changes hit all alike. Engines:
 - `faster-whisper fp32` / `int8`: faster-whisper (CTranslate2) on the offline extra's tiny.en;
 - ours `off` (target only) and `exact <K>` (speculative, the distilled draft with a K-token head, 0 = the
   whole vocabulary; greedy verification), through `SpeculativeDecoder.decode`, feature extraction included
-  as for the others; with `--unpacked` also both on the models' own (not oneDNN-packed) weights.
+  as for the others; with `--unpacked` also both on the models' own (not oneDNN-packed) weights and with
+  PyTorch's own attention in the encoder.
+
+Every engine's process runs with glibc's malloc set to keep freed memory (`runtime.allocator`, what our
+decoder does by default), so that no engine is measured with an allocator setting the others lack;
+`--default-allocator` runs all of them, ours included, with glibc's defaults instead.
 
 Per engine: RTFx (audio seconds / median compute seconds, summed over clips), and for ours also the
 decoding loop alone (total minus feature extraction and encoder, from the decoder's own statistics).
 Transcripts are scored against the references (WER after Whisper's English normaliser).
 
     python bench/peers_bench.py --repeats 5 --threads 2 --draft-vocab 16384 0 --unpacked
+    python bench/peers_bench.py --repeats 5 --threads 2 --default-allocator --out bench/results/peers_bench_default_malloc.json
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from asr_app.audio import load_audio
 from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
 from asr_app.models import load_pair
 from asr_app.models.defaults import offline_model_dir
+from asr_app.runtime.allocator import keep_freed_memory
 from asr_app.wer import corpus_wer, english_normalizer, spelling_map_from_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,7 +96,7 @@ def our_engine(decoder: SpeculativeDecoder, mode: str):
     return run
 
 
-def build_engine(name: str, shared: Path, threads: int):
+def build_engine(name: str, shared: Path, threads: int, keep_freed: bool = True):
     """One engine by name: 'transformers', 'faster-whisper fp32|int8', 'ours off', 'ours exact <K>'."""
     models = shared / "models"
     if name.startswith("faster-whisper"):
@@ -100,17 +107,20 @@ def build_engine(name: str, shared: Path, threads: int):
     packed = not name.endswith(" unpacked")
     name = name.removesuffix(" unpacked")
     if name == "ours off":
-        return our_engine(SpeculativeDecoder(pair, runtime=RuntimeOptions(packed_weights=packed)), "off")
+        runtime = RuntimeOptions(packed_weights=packed, keep_freed_memory=keep_freed)
+        return our_engine(SpeculativeDecoder(pair, runtime=runtime), "off")
     size = int(name.split()[-1])
-    runtime = RuntimeOptions(draft_vocab=size or None, packed_weights=packed)
+    runtime = RuntimeOptions(draft_vocab=size or None, packed_weights=packed, keep_freed_memory=keep_freed)
     return our_engine(SpeculativeDecoder(pair, runtime=runtime), "exact")
 
 
-def child(name: str, shared: Path, threads: int) -> dict:
+def child(name: str, shared: Path, threads: int, keep_freed: bool) -> dict:
     """Run one engine once over every clip (after a warm-up clip), in this process only."""
     torch.set_num_threads(threads)
+    if keep_freed:
+        keep_freed_memory()
     data = clips(shared)
-    run = build_engine(name, shared, threads)
+    run = build_engine(name, shared, threads, keep_freed)
     run(data[0][1])
     out = {"times": [], "loops": [], "texts": [], "stats": []}
     for _, audio, _ in data:
@@ -124,7 +134,7 @@ def child(name: str, shared: Path, threads: int) -> dict:
     return out
 
 
-def measure(names: list[str], shared: Path, threads: int, repeats: int) -> dict:
+def measure(names: list[str], shared: Path, threads: int, repeats: int, keep_freed: bool) -> dict:
     """Every engine in a process of its own (engines sharing a process were measured to slow each other:
     CTranslate2's thread pool next to torch's), repeat by repeat in a rotated order so that load changes on
     the machine hit all alike; per clip the median over repeats."""
@@ -132,7 +142,8 @@ def measure(names: list[str], shared: Path, threads: int, repeats: int) -> dict:
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
             proc = subprocess.run([sys.executable, __file__, "--child", name, "--threads", str(threads),
-                                   "--shared", str(shared)], capture_output=True, text=True, check=True)
+                                   "--shared", str(shared), *([] if keep_freed else ["--default-allocator"])],
+                                  capture_output=True, text=True, check=True)
             runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
             print(f"  repeat {r + 1}/{repeats}: {name}", file=sys.stderr, flush=True)
     data = clips(shared)
@@ -195,25 +206,29 @@ def main(argv=None) -> None:
                     help="draft head sizes to run `exact` with (0 = the whole vocabulary)")
     ap.add_argument("--unpacked", action="store_true",
                     help="also run ours off / exact on the models' own weights (RuntimeOptions(packed_weights=False))")
+    ap.add_argument("--default-allocator", action="store_true",
+                    help="run every engine with glibc malloc's default settings (ours with keep_freed_memory=False)")
     ap.add_argument("--out", type=Path, default=RESULTS / "peers_bench.json")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, args.shared, args.threads)))
+        print(json.dumps(child(args.child, args.shared, args.threads, not args.default_allocator)))
         return
     names = ["transformers", "faster-whisper fp32", "faster-whisper int8", "ours off",
              *(f"ours exact {size}" for size in args.draft_vocab)]
     if args.unpacked:
         names += ["ours off unpacked", f"ours exact {args.draft_vocab[0]} unpacked"]
-    print(f"13 clips, {args.repeats} repeats, {args.threads} threads, one process per engine and repeat", flush=True)
-    report = measure(names, args.shared, args.threads, args.repeats)
-    report["config"] = {"repeats": args.repeats, "threads": args.threads,
+    allocator = "glibc defaults" if args.default_allocator else "freed memory kept"
+    print(f"13 clips, {args.repeats} repeats, {args.threads} threads, one process per engine and repeat, "
+          f"malloc: {allocator}", flush=True)
+    report = measure(names, args.shared, args.threads, args.repeats, not args.default_allocator)
+    report["config"] = {"repeats": args.repeats, "threads": args.threads, "malloc": allocator,
                         "torch": torch.__version__, "machine": platform.processor() or platform.machine()}
     print(table(report))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     (args.out.with_suffix(".md")).write_text(table(report) + "\n")
-    plot(report, args.out.with_suffix(".png"), f"tiny.en on {args.threads} CPU threads, 13 clips")
+    plot(report, args.out.with_suffix(".png"), f"tiny.en on {args.threads} CPU threads, 13 clips, malloc: {allocator}")
     print(f"wrote {args.out}, {args.out.with_suffix('.md')} and {args.out.with_suffix('.png')}")
 
 

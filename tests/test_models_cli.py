@@ -33,9 +33,10 @@ def test_decoder_from_args_builds_the_pair_and_options():
     o = decoder.options
     assert (o.mode, o.gamma, o.alpha, o.beta, o.seed) == ("sigmoid", 4, -10.0, 10.0, 7)
     auto = decoder_from_args(parse("--target", str(TINY_EN_DIR), "--draft", "derived", "--draft-vocab", "0",
-                                   "--no-cuda-graphs", "--no-weight-packing"))
+                                   "--no-cuda-graphs", "--no-weight-packing", "--default-allocator"))
     assert (auto.options.gamma, auto.options.gamma_policy) == (None, "cost")
-    assert auto.runtime == RuntimeOptions(draft_vocab=None, cuda_graphs="off", packed_weights=False)
+    assert auto.runtime == RuntimeOptions(draft_vocab=None, cuda_graphs="off", packed_weights=False,
+                                          keep_freed_memory=False)
     assert not auto.target_runtime.head.weight.is_mkldnn
     heuristic = decoder_from_args(parse("--target", str(TINY_EN_DIR), "--draft", "derived", "--gamma", "heuristic"))
     assert (heuristic.options.gamma, heuristic.options.gamma_policy) == (None, "heuristic")

@@ -19,7 +19,7 @@ from asr_app.runtime import (
     draft_vocabulary,
     no_host_reads,
 )
-from asr_app.runtime.ops import linear, onednn_packing_works, pack
+from asr_app.runtime.ops import full_attention, linear, merge_heads, onednn_packing_works, pack
 from asr_app.runtime.vocab import RANKING_FILE
 
 needs_onednn = pytest.mark.skipif(not onednn_packing_works(), reason="this torch build has no oneDNN linear ops")
@@ -68,6 +68,22 @@ def test_decoder_step_matches_transformers_and_rolls_back(tiny_en_pair, real_enc
     torch.testing.assert_close(after, runtime.step(fresh, torch.tensor([[500, 501]])), atol=2e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="roll back"):
         state.rollback(state.length + 1)
+
+
+@needs_onednn
+def test_onednn_attention_matches_pytorch_attention():
+    generator = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 3, 300, 64, generator=generator) * 0.3 for _ in range(3))
+    reference = merge_heads(torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=1.0))
+    assert torch.equal(full_attention(q, k, v, onednn=False), reference)
+    # Strided views as the encoder passes them (heads split out of the fused QKV output).
+    qkv = torch.stack([q, k, v]).permute(1, 3, 0, 2, 4).contiguous()  # [B, L, 3, H, hd]
+    q_view, k_view, v_view = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    fast = full_attention(q_view, k_view, v_view)
+    assert fast.shape == (2, 300, 3 * 64)
+    torch.testing.assert_close(fast, reference, atol=1e-5, rtol=1e-4)
+    # Each (clip, head) is its own product: a wrong head or clip index would differ by the values' size.
+    assert not torch.allclose(fast[1], reference[0], atol=1e-2)
 
 
 @needs_onednn

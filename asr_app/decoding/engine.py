@@ -34,6 +34,7 @@ from asr_app.decoding.rules import RuleState, WhisperLogitRules
 from asr_app.decoding.steps import Steps, Workspace
 from asr_app.decoding.text import decode_text, split_segments
 from asr_app.runtime import DecoderRuntime, EncoderRuntime, StepRunner, draft_vocabulary
+from asr_app.runtime.allocator import keep_freed_memory
 
 
 class SpeculativeDecoder:
@@ -55,6 +56,8 @@ class SpeculativeDecoder:
         self.max_positions = self.target.config.max_target_positions
         self._multilingual = bool(getattr(gc, "is_multilingual", False))
         self.graph_mode = runtime.graph_mode(pair.device)
+        if runtime.keep_freed_memory:
+            keep_freed_memory()
         packed = runtime.packed_weights
         self.target_encoder = EncoderRuntime.from_model(self.target, packed)
         self.target_runtime = DecoderRuntime.from_model(self.target, packed=packed)

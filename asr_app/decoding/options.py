@@ -53,9 +53,13 @@ class RuntimeOptions:
     draft_vocab: int | None = DEFAULT_DRAFT_VOCAB  # token ids the draft's output head scores; None: all
     cuda_graphs: GraphSetting = "auto"   # auto: captured steps on a GPU, eager elsewhere; emulate: for tests
     max_workspaces: int = 4              # batch sizes whose caches and graphs stay allocated (graphs only)
-    # Projection weights pre-packed for oneDNN on a CPU in fp32 (runtime.ops.pack): ~1.6x faster encoder and
-    # output layer here, for a second copy of the encoder's and decoders' matrices in memory.
+    # Projection weights pre-packed for oneDNN on a CPU in fp32 (runtime.ops.pack), and the encoder's attention
+    # through oneDNN (runtime.ops.full_attention): a faster encoder and output layer, for a second copy of the
+    # encoder's and decoders' matrices in memory. False: PyTorch's own products on the models' own weights.
     packed_weights: bool = True
+    # Set glibc's malloc to keep freed memory for reuse (runtime.allocator, process-wide, once): a process
+    # that maps and unmaps its activations at every window and step spends its time in the kernel.
+    keep_freed_memory: bool = True
     # The draft's packed matrices in bf16 where the CPU multiplies bf16 natively ("bfloat16", the default), or
     # in the draft's own dtype ("same"). Its activations, caches and attention stay in its dtype. The draft's
     # precision changes its acceptance and the speed, never the output (verification decides).

@@ -4,9 +4,10 @@ The same arithmetic as transformers' `WhisperEncoder` (two convolutions with GEL
 positions, pre-norm layers of self-attention and MLP, a final norm), run as a few large matrix
 products: the self-attention's Q/K/V projections fused into one matrix with the query rows pre-scaled
 (as in the decoder: bit-exact for Whisper's power-of-two scale), the MLP's GELU fused into its first
-projection, and every projection through `ops.linear`, which on a CPU in fp32 reads oneDNN-packed
-weights. The encoder's 30 s window is most of a short clip's compute, so this is where a CPU spends
-most of its time. Values agree with transformers' encoder to float rounding (tested).
+projection, every projection through `ops.linear`, which on a CPU in fp32 reads oneDNN-packed
+weights, and the attention through `ops.full_attention` (oneDNN products per head there). The
+encoder's 30 s window is most of a short clip's compute, so this is where a CPU spends most of its
+time. Values agree with transformers' encoder to float rounding (tested).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from asr_app.runtime.ops import layer_norm, linear, pack
+from asr_app.runtime.ops import full_attention, layer_norm, linear, pack
 from asr_app.runtime.weights import fused_qkv, module_pair, query_scales
 
 
@@ -41,6 +42,7 @@ class EncoderWeights:
     heads: int
     eps: float
     query_scale: float              # 1.0 when the query weights are pre-scaled; else applied per layer
+    onednn: bool                    # packed projections and oneDNN attention (CPU fp32), else plain PyTorch
 
 
 def _layer(layer, scale: float, packed: bool) -> EncoderLayerWeights:
@@ -74,7 +76,7 @@ def encoder_weights(model, packed: bool = True) -> EncoderWeights:
         conv1=module_pair(encoder.conv1), conv2=module_pair(encoder.conv2),
         positions=encoder.embed_positions.weight.detach(),
         layers=layers, final_norm=module_pair(encoder.layer_norm), heads=heads, eps=encoder.layer_norm.eps,
-        query_scale=per_step,
+        query_scale=per_step, onednn=packed,
     )
 
 
@@ -108,7 +110,6 @@ class EncoderRuntime:
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, frames, hd]
         if w.query_scale != 1.0:
             q = q * w.query_scale
-        attn = F.scaled_dot_product_attention(q, k, v, scale=1.0)
-        x = x + linear(attn.transpose(1, 2).reshape(batch, frames, width), *layer.attn_out)
+        x = x + linear(full_attention(q, k, v, onednn=w.onednn), *layer.attn_out)
         h = layer_norm(x, layer.mlp_norm, w.eps)
         return x + linear(linear(h, *layer.fc1, activation="gelu"), *layer.fc2)

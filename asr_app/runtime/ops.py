@@ -100,6 +100,28 @@ def _dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, onednn: bool = True) -> torch.Tensor:
+    """Unmasked attention, queries pre-scaled: q, k, v [B, H, L, hd] -> [B, L, H*hd] (the encoder's).
+
+    With `onednn` on a CPU in fp32 (where `onednn_packing_works`), each head runs as two oneDNN products
+    around a softmax: PyTorch's fused CPU attention multiplies its blocks with MKL, which keeps to AVX2
+    on AMD CPUs (docs/runtime.md). The head's full score matrix is materialised (L x L floats, one head at
+    a time, so memory stays bounded by the window). Elsewhere, and with `onednn=False`, PyTorch's SDPA.
+    Same products, summed in another order: values agree to float rounding (tested)."""
+    if not (onednn and q.device.type == "cpu" and q.dtype == torch.float32 and onednn_packing_works()):
+        return merge_heads(F.scaled_dot_product_attention(q, k, v, scale=1.0))
+    batch, heads, length, head_dim = q.shape
+    q, k = q.contiguous(), k.contiguous()
+    v_t = v.transpose(-1, -2).contiguous()  # [B, H, hd, L]: the second product's "weight" is V^T
+    product = torch.ops.mkldnn._linear_pointwise
+    out = q.new_empty(batch, length, heads, head_dim)
+    for b in range(batch):
+        for h in range(heads):
+            probs = torch.softmax(product(q[b, h], k[b, h], None, "none", [], ""), dim=-1)
+            out[b, :, h] = product(probs, v_t[b, h], None, "none", [], "")
+    return out.view(batch, length, heads * head_dim)
+
+
 def layer_norm(x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor], eps: float) -> torch.Tensor:
     return F.layer_norm(x, (x.shape[-1],), norm[0], norm[1], eps)
 
