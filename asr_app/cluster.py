@@ -59,6 +59,8 @@ class ClusterReport:
     workers_lost: int = 0
     tasks_retried: int = 0
     startup_s: float = 0.0    # connecting and loading the models in every worker
+    work_s: float = 0.0       # from the first task handed out to the last outcome taken by the driver
+    shutdown_s: float = 0.0   # stopping the workers (and the local Ray instance, when we started it)
 
 
 @dataclass(frozen=True)
@@ -147,11 +149,13 @@ class RayTranscriber:
             raise ClusterError(f"the workers could not load the models: {_cause(exc)}") from exc
 
     def close(self) -> None:
+        started = time.perf_counter()
         for actor in getattr(self, "actors", []):
             self.ray.kill(actor, no_restart=True)
         self.actors = []
         if self._started_ray and self.ray.is_initialized():
             self.ray.shutdown()
+        self.report.shutdown_s += time.perf_counter() - started
 
     def __enter__(self) -> RayTranscriber:
         return self
@@ -169,6 +173,7 @@ class RayTranscriber:
 
         Each worker holds up to `TASKS_AHEAD` tasks, so it starts the next one while the driver is still
         writing the outputs of the last."""
+        started = time.perf_counter()
         size = max(1, batch_size)
         flat = [(key, str(path)) for key, path in items]
         queue = deque(_Task(tuple(flat[i : i + size])) for i in range(0, len(flat), size))
@@ -198,6 +203,8 @@ class RayTranscriber:
                 continue
             fill()
             yield from self._delivered(name, outcomes, busy)
+        # Reached when the driver asks for more after the last outcome: its writing is counted too.
+        self.report.work_s = time.perf_counter() - started
 
     def _replace(self, slot: int) -> None:
         """A new actor in place of a dead one."""
@@ -241,13 +248,15 @@ def _cause(exc: Exception) -> str:
 
 
 def summary_lines(report: ClusterReport, wall_s: float) -> list[str]:
-    """Files, audio hours, wall time and audio-s/s overall and per worker. The rate counts the time after
-    the workers were up (starting them is reported on its own)."""
+    """Files, audio hours, wall time and audio-s/s overall and per worker. The rate counts the time while
+    the workers were up and had work (starting and stopping them are reported on their own, as the local
+    engine's rate leaves out loading the models); `wall_s` stands in where no batch ran to its end."""
     files = sum(w.files for w in report.workers.values())
     audio = sum(w.audio_s for w in report.workers.values())
-    working = max(1e-9, wall_s - report.startup_s)
+    working = max(1e-9, report.work_s or wall_s - report.startup_s - report.shutdown_s)
     lines = [f"cluster: {files} file(s), {audio / 3600:.3f} h of audio in {working:.1f} s = {audio / working:.1f} "
              f"audio-s/s over {len(report.workers)} worker process(es), after {report.startup_s:.1f} s to start them"
+             f", {report.shutdown_s:.1f} s to stop them"
              + (f"; {report.workers_lost} worker(s) lost, {report.tasks_retried} task(s) retried"
                 if report.workers_lost else "")]
     for w in sorted(report.workers.values(), key=lambda w: w.worker):

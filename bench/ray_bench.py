@@ -6,8 +6,9 @@ default mode, one torch thread per worker) are transcribed by:
 - `local`: the local engine, one process, `--threads 1` (the reference for Ray's overhead);
 - `ray x1` / `ray x2`: a local Ray instance with 1 or 2 worker actors.
 
-Throughput is audio seconds / seconds after the models were loaded (the tool's own "cluster:" line;
-for `local` its summary line, whose time starts after loading). Each configuration runs
+Throughput is audio seconds / seconds of work: for Ray the tool's own "cluster:" line (from the first
+task handed out to the driver's last write; starting and stopping the workers are printed apart), for
+`local` its summary line, whose time starts after loading the models. Each configuration runs
 `--repeats` times, interleaved; medians are reported.
 
     python bench/ray_bench.py --repeats 3

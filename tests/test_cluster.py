@@ -56,6 +56,7 @@ def test_two_workers_write_what_the_local_engine_writes(tmp_path, capsys):
     assert run_cli(str(folder), "-o", str(ray_out), "-f", "txt,srt,json", "--engine", "ray", "--num-workers", "2")[0] == 0
     err = capsys.readouterr().err
     assert "10 transcribed, 0 failed" in err and "cluster: 10 file(s)" in err and "over 2 worker process(es)" in err
+    assert "s to stop them" in err
     names = sorted(p.name for p in local.iterdir())
     assert names == sorted(p.name for p in ray_out.iterdir()) and len(names) == 30
     for name in names:
@@ -150,3 +151,18 @@ def test_engine_ray_without_ray_says_how_to_install(monkeypatch, capsys):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     assert main([str(JFK_FLAC), "--engine", "ray"]) == 2
     assert 'pip install "asr-app[cluster]"' in capsys.readouterr().err
+
+
+def test_the_summary_rate_leaves_out_starting_and_stopping_the_workers():
+    from asr_app.cluster import ClusterReport, WorkerReport, summary_lines
+
+    worker = WorkerReport("node:1", files=4, audio_s=120.0, busy_s=5.0)
+    report = ClusterReport(workers={"node:1": worker}, startup_s=8.0, work_s=6.0, shutdown_s=1.5)
+    first, per_worker = summary_lines(report, wall_s=15.5)
+    # 120 s of audio over the 6 s of work, not over the 15.5 s wall minus the start (7.5 s: 16.0 audio-s/s)
+    assert "in 6.0 s = 20.0 audio-s/s" in first
+    assert "after 8.0 s to start them, 1.5 s to stop them" in first
+    assert per_worker == "  node:1: 4 file(s), 120.0 s audio, 24.0 audio-s/s while busy"
+    # A batch that never reached its end (no work_s): the wall clock less starting and stopping.
+    first, _ = summary_lines(ClusterReport(workers={"node:1": worker}, startup_s=8.0, shutdown_s=1.5), wall_s=15.5)
+    assert "in 6.0 s = 20.0 audio-s/s" in first
