@@ -7,7 +7,8 @@ buffer trimming at committed segment boundaries with the committed text passed t
 prompt context. Two commit policies (docs/streaming.md):
 
 - `local-agreement` (LocalAgreement-2, whisper_streaming): commit the words two consecutive
-  hypotheses agree on;
+  hypotheses agree on and that end at least `edge_s` before the end of the buffer (two hypotheses a
+  fraction of a second apart can agree on a word the speaker has not finished);
 - `alignatt` (AlignAtt, Papi et al. 2023, as in SimulStreaming): commit the words the target's
   cross-attention has moved past, i.e. that end at least `frontier_s` before the end of the buffer.
 
@@ -36,6 +37,7 @@ from asr_app.vad import SpeechDetector
 
 _NORMALISE = re.compile(r"[^\w']+")
 STEP_S = 0.3  # least new audio before a re-decode (docs/streaming.md: chosen from bench/stream_bench.py)
+EDGE_S = 0.3  # local-agreement: agreed words must end this far before the buffer's end (docs/streaming.md)
 
 
 @dataclass(frozen=True)
@@ -154,12 +156,16 @@ class CommitPolicy(abc.ABC):
 
 
 class LocalAgreement(CommitPolicy):
-    """LocalAgreement-2: commit the longest common prefix of the last two hypotheses."""
+    """LocalAgreement-2: commit the longest common prefix of the last two hypotheses, up to the first
+    word that ends within `edge_s` of the buffer's end. At short steps two hypotheses come from nearly
+    the same audio and may agree on a word cut off at the edge ("in" of "into"); held back, it is
+    compared again once more audio has come."""
 
     name = "local-agreement"
 
-    def __init__(self) -> None:
+    def __init__(self, edge_s: float = EDGE_S) -> None:
         super().__init__()
+        self.edge_s = edge_s
         self._previous: list[Word] | None = None
 
     def insert(self, hypothesis: Sequence[Word], buffer_end: float = float("inf")) -> list[Word]:
@@ -167,7 +173,7 @@ class LocalAgreement(CommitPolicy):
         agreed: list[Word] = []
         if self._previous is not None:
             for old, cur in zip(self._previous, new):
-                if old.key != cur.key:
+                if old.key != cur.key or cur.end > buffer_end - self.edge_s:
                     break
                 agreed.append(cur)
         committed = self._commit(agreed)
@@ -208,10 +214,10 @@ class AlignAtt(CommitPolicy):
 POLICIES = {"local-agreement": LocalAgreement, "alignatt": AlignAtt}
 
 
-def commit_policy(name: str, frontier_s: float = 0.5) -> CommitPolicy:
+def commit_policy(name: str, frontier_s: float = 0.5, edge_s: float = EDGE_S) -> CommitPolicy:
     if name not in POLICIES:
         raise ValueError(f"unknown commit policy '{name}'; choose one of {', '.join(POLICIES)}")
-    return AlignAtt(frontier_s) if name == "alignatt" else LocalAgreement()
+    return AlignAtt(frontier_s) if name == "alignatt" else LocalAgreement(edge_s)
 
 
 @dataclass(frozen=True)
@@ -219,6 +225,7 @@ class StreamingOptions:
     step_s: float = STEP_S            # re-decode once the previous decode is done and this much new audio came
     policy: str = "local-agreement"   # commit policy: local-agreement | alignatt (docs/streaming.md)
     frontier_s: float = 0.5           # alignatt: a word is final once it ends this far before the buffer's end
+    edge_s: float = EDGE_S            # local-agreement: an agreed word must end this far before the buffer's end
     word_alignment: bool = True       # word times from cross-attention (else interpolated in segments)
     trim_s: float = 15.0              # once the buffer is longer, cut it at a committed segment end
     max_buffer_s: float = WINDOW_SECONDS  # hard cap (Whisper's window); forces a cut when reached
@@ -266,6 +273,8 @@ class StreamingProcessor:
                  clock: Callable[[], float] = time.monotonic):
         if options.max_buffer_s > WINDOW_SECONDS or options.step_s <= 0:
             raise ValueError("need 0 < step_s and max_buffer_s <= 30 (Whisper's window)")
+        if options.edge_s < 0 or options.frontier_s < 0:
+            raise ValueError("need edge_s >= 0 and frontier_s >= 0")
         if options.policy == "alignatt" and not options.word_alignment:
             raise ValueError("the alignatt policy needs word_alignment (word times from cross-attention)")
         self.decoder = decoder
@@ -274,7 +283,7 @@ class StreamingProcessor:
         self.decoding = dataclasses.replace(base, timestamps=True, word_timestamps=options.word_alignment)
         self.clock = clock
         self.vad = SpeechDetector() if options.vad_filter else None
-        self.agreement = commit_policy(options.policy, options.frontier_s)
+        self.agreement = commit_policy(options.policy, options.frontier_s, options.edge_s)
         self.committed: list[Word] = []
         self.steps: list[StepRecord] = []
         self._buffer = np.zeros(0, dtype=np.float32)

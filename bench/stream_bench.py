@@ -42,7 +42,7 @@ from asr_app.audio import SAMPLE_RATE, FileSource, load_audio
 from asr_app.decoding import DecodingOptions, SpeculativeDecoder
 from asr_app.longform import transcribe
 from asr_app.models import load_pair
-from asr_app.streaming import StreamingOptions, StreamingProcessor, latency_report
+from asr_app.streaming import EDGE_S, StreamingOptions, StreamingProcessor, latency_report
 from asr_app.wer import corpus_wer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> dict:
                 offline_text[mode, clip] = transcribe(decoder, audios[clip]).text
             offline = offline_text[mode, clip]
             options = StreamingOptions(step_s=step, reuse_hypothesis=reuse, policy=policy,
-                                       word_alignment=args.alignment == "on")
+                                       word_alignment=args.alignment == "on", edge_s=args.edge)
             streamed = stream_clip(decoder, audios[clip], options, "fast" if args.fast else "realtime")
             streamed.update(clip=clip.name, offline=offline, reference=reference_text(clip))
             if not args.fast and not args.realtime_only:
@@ -288,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="off,exact")
     parser.add_argument("--steps", "--step", dest="steps", default="1.0",
                         help="comma-separated least new audio (s) before a re-decode")
+    parser.add_argument("--edge", type=float, default=EDGE_S,
+                        help=f"local-agreement's margin before the buffer's end in seconds (default {EDGE_S}; 0: plain "
+                             "LocalAgreement-2)")
     parser.add_argument("--policies", default="local-agreement",
                         help="comma-separated commit policies: local-agreement, alignatt")
     parser.add_argument("--alignment", choices=("on", "off"), default="on",
@@ -314,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results = run(args)
     results["meta"] = {
-        "steps_s": args.steps, "policies": args.policies, "alignment": args.alignment, "realtime": not args.fast, "device": args.device, "dtype": args.dtype, "target": args.target,
+        "steps_s": args.steps, "policies": args.policies, "alignment": args.alignment, "edge_s": args.edge, "realtime": not args.fast, "device": args.device, "dtype": args.dtype, "target": args.target,
         "draft": args.draft, "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "machine": platform.processor() or platform.machine(), "python": platform.python_version(),
         "torch": torch.__version__, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),

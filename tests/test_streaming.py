@@ -48,6 +48,22 @@ def test_commits_longest_common_prefix_of_last_two():
     assert la.committed_end == 1.0
 
 
+def test_agreed_words_at_the_buffer_edge_wait_for_more_audio():
+    # Two hypotheses 0.05 s apart agree on "in" at the very end of the buffer: the speaker may be saying
+    # "into". Held back while it ends within edge_s of the buffer's end, compared again with more audio.
+    la = LocalAgreement(edge_s=0.3)
+    la.insert(hyp(("walk", 0.5), ("in", 1.2)), buffer_end=1.25)
+    assert [w.text for w in la.insert(hyp(("walk", 0.5), ("in", 1.2)), buffer_end=1.3)] == ["walk"]
+    assert [w.text for w in la.tail] == ["in"]
+    assert la.insert(hyp(("walk", 0.5), ("into", 1.4), ("the", 1.5)), buffer_end=1.6) == []
+    assert [w.text for w in la.insert(hyp(("walk", 0.5), ("into", 1.4), ("the", 1.5)), buffer_end=2.0)] == [
+        "into", "the"]
+    # edge_s = 0 is plain LocalAgreement-2: the agreed edge word is committed at once.
+    plain = LocalAgreement(edge_s=0.0)
+    plain.insert(hyp(("walk", 0.5), ("in", 1.2)), buffer_end=1.25)
+    assert [w.text for w in plain.insert(hyp(("walk", 0.5), ("in", 1.2)), buffer_end=1.3)] == ["walk", "in"]
+
+
 def test_committed_words_are_skipped_in_later_hypotheses():
     la = LocalAgreement()
     la.insert(hyp(("a", 0.5), ("b", 1.0)))

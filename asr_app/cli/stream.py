@@ -20,7 +20,14 @@ from typing import TextIO
 
 from asr_app.arguments import add_model_args, check_args_or_report, load_decoder_or_report
 from asr_app.audio import AudioLoadError, FileSource, MicrophoneError, MicrophoneSource
-from asr_app.streaming import STEP_S, StreamEvent, StreamingOptions, StreamingProcessor, latency_report
+from asr_app.streaming import (
+    EDGE_S,
+    STEP_S,
+    StreamEvent,
+    StreamingOptions,
+    StreamingProcessor,
+    latency_report,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "default) or the target's attention has moved past them (alignatt)")
     parser.add_argument("--frontier", type=float, default=0.5, metavar="S",
                         help="alignatt: a word is final once it ends S seconds before the newest audio")
+    parser.add_argument("--edge", type=float, default=EDGE_S, metavar="S",
+                        help="local-agreement: an agreed word is final once it also ends S seconds before the newest "
+                             f"audio (default {EDGE_S}; 0 = plain LocalAgreement-2)")
     parser.add_argument("--block", type=float, default=0.1, help="audio block size in seconds (default 0.1)")
     parser.add_argument("--input-device", default=None, help="sounddevice input device (index or name)")
     parser.add_argument("--vad_filter", "--vad-filter", action="store_true",
@@ -141,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--fast needs --simulate FILE")
     if args.step <= 0 or args.block <= 0:
         parser.error("--step and --block must be positive")
+    if args.edge < 0 or args.frontier < 0:
+        parser.error("--edge and --frontier must be >= 0")
     if not check_args_or_report(args, "asr-stream"):
         return 2
 
@@ -161,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     printer = Printer(sys.stdout, style)
     try:
         processor = StreamingProcessor(decoder, StreamingOptions(step_s=args.step, vad_filter=args.vad_filter,
-                                                                 policy=args.policy, frontier_s=args.frontier))
+                                                                 policy=args.policy, frontier_s=args.frontier,
+                                                                 edge_s=args.edge))
     except RuntimeError as exc:  # the vad extra is missing
         print(f"asr-stream: error: {exc}", file=sys.stderr)
         return 2
