@@ -106,11 +106,10 @@ def build_engine(name: str, shared: Path, threads: int, keep_freed: bool = True)
         return transformers_engine(pair)
     packed = not name.endswith(" unpacked")
     name = name.removesuffix(" unpacked")
+    settings = dict(packed_weights=packed, keep_freed_memory=keep_freed)
     if name == "ours off":
-        runtime = RuntimeOptions(packed_weights=packed, keep_freed_memory=keep_freed)
-        return our_engine(SpeculativeDecoder(pair, runtime=runtime), "off")
-    size = int(name.split()[-1])
-    runtime = RuntimeOptions(draft_vocab=size or None, packed_weights=packed, keep_freed_memory=keep_freed)
+        return our_engine(SpeculativeDecoder(pair, runtime=RuntimeOptions(**settings)), "off")
+    runtime = RuntimeOptions(draft_vocab=int(name.split()[-1]) or None, **settings)
     return our_engine(SpeculativeDecoder(pair, runtime=runtime), "exact")
 
 

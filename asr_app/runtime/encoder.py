@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from asr_app.runtime.ops import full_attention, layer_norm, linear, pack
-from asr_app.runtime.weights import fused_qkv, module_pair, query_scales
+from asr_app.runtime.weights import fused_qkv, module_pair, packed_pair, query_scales
 
 
 @dataclass(frozen=True)
@@ -42,13 +42,16 @@ class EncoderWeights:
     heads: int
     eps: float
     query_scale: float              # 1.0 when the query weights are pre-scaled; else applied per layer
-    onednn: bool                    # packed projections and oneDNN attention (CPU fp32), else plain PyTorch
+
+    @property
+    def onednn(self) -> bool:
+        """Attention through oneDNN exactly where the projections are oneDNN-packed (CPU fp32, packing on)."""
+        return bool(self.layers) and self.layers[0].qkv_weight.is_mkldnn
 
 
 def _layer(layer, scale: float, packed: bool) -> EncoderLayerWeights:
     def projection(module) -> tuple[torch.Tensor, torch.Tensor]:
-        weight, bias = module_pair(module)
-        return (pack(weight) if packed else weight), bias
+        return packed_pair(module_pair(module)) if packed else module_pair(module)
 
     qkv_weight, qkv_bias = fused_qkv(layer.self_attn, scale)
     return EncoderLayerWeights(
@@ -76,7 +79,7 @@ def encoder_weights(model, packed: bool = True) -> EncoderWeights:
         conv1=module_pair(encoder.conv1), conv2=module_pair(encoder.conv2),
         positions=encoder.embed_positions.weight.detach(),
         layers=layers, final_norm=module_pair(encoder.layer_norm), heads=heads, eps=encoder.layer_norm.eps,
-        query_scale=per_step, onednn=packed,
+        query_scale=per_step,
     )
 
 

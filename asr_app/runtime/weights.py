@@ -111,19 +111,21 @@ def _layer(layer, scale: float) -> LayerWeights:
     )
 
 
+def packed_pair(weights: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, bias) with the weight packed (`ops.pack`, in `dtype` where given and supported) and the
+    bias in the packed weight's dtype."""
+    packed = pack(weights[0], dtype)
+    return packed, weights[1].to(packed.dtype)
+
+
 def packed_layer(layer: LayerWeights, dtype: torch.dtype | None = None) -> LayerWeights:
     """`layer` with its projection matrices in the form `ops.linear` reads fastest (`ops.pack`), in
     `dtype` where given and supported (biases follow the packed matrices' dtype)."""
-    def pair(weights: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        packed = pack(weights[0], dtype)
-        return packed, weights[1].to(packed.dtype)
-
-    qkv_weight = pack(layer.qkv_weight, dtype)
-    return replace(
-        layer, qkv_weight=qkv_weight, qkv_bias=layer.qkv_bias.to(qkv_weight.dtype),
-        self_out=pair(layer.self_out), cross_query=pair(layer.cross_query),
-        cross_key=pack(layer.cross_key, dtype), cross_value=pair(layer.cross_value),
-        cross_out=pair(layer.cross_out), fc1=pair(layer.fc1), fc2=pair(layer.fc2))
+    qkv_weight, qkv_bias = packed_pair((layer.qkv_weight, layer.qkv_bias), dtype)
+    pairs = {name: packed_pair(getattr(layer, name), dtype)
+             for name in ("self_out", "cross_query", "cross_value", "cross_out", "fc1", "fc2")}
+    return replace(layer, qkv_weight=qkv_weight, qkv_bias=qkv_bias, cross_key=pack(layer.cross_key, dtype), **pairs)
 
 
 def decoder_weights(model, packed: bool = True, packed_dtype: torch.dtype | None = None) -> DecoderWeights:
