@@ -144,6 +144,28 @@ def test_draft_matmul_dtype_changes_speed_not_tokens(tiny_en_pair):
         assert result.tokens == off and result.stats.accepted > 0
 
 
+@torch.inference_mode()
+def test_the_draft_attends_to_the_audio_not_the_padding(tiny_en_pair):
+    from conftest import JFK_FLAC
+
+    clip = load_clip(JFK_FLAC)  # 11 s in a 30 s window
+    short = clip[: 3 * 16_000]
+    audio_only = SpeculativeDecoder(tiny_en_pair)
+    whole = SpeculativeDecoder(tiny_en_pair, runtime=RuntimeOptions(draft_audio_margin_s=None))
+    captured = SpeculativeDecoder(tiny_en_pair, runtime=RuntimeOptions(cuda_graphs="emulate"))
+    frames = torch.zeros(2, 1500, 8)
+    assert audio_only._draft_view(frames, [3.0, 11.0]).shape[1] == 600  # the longest row's (11 + 1) s x 50
+    assert audio_only._draft_view(frames, [29.5]) is frames
+    assert whole._draft_view(frames, [3.0]) is frames and captured._draft_view(frames, [3.0]) is frames
+    for timestamps in (False, True):
+        for clips in ([clip], [short, clip]):
+            expected = [r.tokens for r in whole.decode(clips, DecodingOptions(mode="off", timestamps=timestamps))]
+            for decoder in (audio_only, whole):
+                results = decoder.decode(clips, DecodingOptions(mode="exact", timestamps=timestamps))
+                assert [r.tokens for r in results] == expected
+                assert all(r.stats.accepted > 0 for r in results)
+
+
 def test_pack_leaves_other_dtypes_alone():
     weight = torch.randn(8, 4, dtype=torch.float64)
     assert pack(weight) is weight
@@ -298,6 +320,9 @@ def test_runtime_options_are_checked():
         RuntimeOptions(draft_vocab=0)
     with pytest.raises(ValueError, match="draft_matmul_dtype"):
         RuntimeOptions(draft_matmul_dtype="float16")
+    for margin in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="draft_audio_margin_s"):
+            RuntimeOptions(draft_audio_margin_s=margin)
     assert RuntimeOptions().graph_mode(torch.device("cpu")) == "eager"
     assert RuntimeOptions().graph_mode(torch.device("cuda")) == "cuda"
     assert RuntimeOptions(cuda_graphs="off").graph_mode(torch.device("cuda")) == "eager"

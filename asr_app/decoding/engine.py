@@ -9,6 +9,7 @@ transformers instead (hf_mode.py). docs/ARCHITECTURE.md shows where each piece l
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 
@@ -221,6 +222,16 @@ class SpeculativeDecoder:
             return encoder_hidden, encoder_hidden.to(draft_dtype)
         return encoder_hidden, self.draft_encoder(feats.to(draft_dtype))
 
+    def _draft_view(self, draft_hidden: torch.Tensor | None, windows: Sequence[float]) -> torch.Tensor | None:
+        """The encoder frames the draft attends to: the batch's longest audio plus the margin
+        (`RuntimeOptions.draft_audio_margin_s`), where steps run eagerly; else all of them."""
+        margin = self.runtime.draft_audio_margin_s
+        if draft_hidden is None or margin is None or self.graph_mode != "eager":
+            return draft_hidden
+        frames_per_second = draft_hidden.shape[1] / WINDOW_SECONDS
+        frames = math.ceil((max(windows) + margin) * frames_per_second)
+        return draft_hidden if frames >= draft_hidden.shape[1] else draft_hidden[:, :frames]
+
     def _workspace(self, encoder_hidden: torch.Tensor, draft_hidden: torch.Tensor | None) -> Workspace:
         """Decoder states for this window. Eagerly new ones; with graphs one persistent workspace per
         (batch size, draft or not), refilled in place, since captured steps read those very tensors."""
@@ -261,6 +272,7 @@ class SpeculativeDecoder:
         policy = self._gamma_policy(opts, speculative)  # first: measuring costs reuses the batch-1 workspace
         t_begin = time.perf_counter()
         encoder_hidden, draft_hidden = self._encode(feats, speculative)
+        draft_hidden = self._draft_view(draft_hidden, windows)
         workspace = self._workspace(encoder_hidden, draft_hidden)
         encoder_s = time.perf_counter() - t_begin
         steps = Steps(self.target_runtime, self.draft_runtime if speculative else None, workspace,

@@ -64,12 +64,20 @@ class RuntimeOptions:
     # in the draft's own dtype ("same"). Its activations, caches and attention stay in its dtype. The draft's
     # precision changes its acceptance and the speed, never the output (verification decides).
     draft_matmul_dtype: str = "bfloat16"
+    # Where steps run eagerly, the draft cross-attends only to the window's audio plus this margin (seconds),
+    # not to the padding that fills a short clip's window to 30 s: its cross K/V are computed for those
+    # frames only, and each draft step reads fewer bytes. None: the whole window. The target always sees the
+    # whole window; the draft's view changes its acceptance and the speed, never the output. Captured graphs
+    # keep the whole window (their shapes are fixed).
+    draft_audio_margin_s: float | None = 1.0
 
     def __post_init__(self) -> None:
         if self.cuda_graphs not in ("auto", "off", "emulate"):
             raise ValueError(f"cuda_graphs must be auto, off or emulate, got {self.cuda_graphs!r}")
         if self.draft_matmul_dtype not in ("bfloat16", "same"):
             raise ValueError(f"draft_matmul_dtype must be bfloat16 or same, got {self.draft_matmul_dtype!r}")
+        if self.draft_audio_margin_s is not None and not self.draft_audio_margin_s >= 0:
+            raise ValueError(f"draft_audio_margin_s must be >= 0 seconds or None, got {self.draft_audio_margin_s}")
         if self.draft_vocab is not None and self.draft_vocab < 1:
             raise ValueError(f"draft_vocab must be a positive token count or None, got {self.draft_vocab}")
 
