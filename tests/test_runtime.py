@@ -9,6 +9,7 @@ from test_decoding_greedy import SPEC_MODES, load_clip
 from transformers import DynamicCache, EncoderDecoderCache
 
 from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
+from asr_app.decoding.engine import DRAFT_END_FRAMES
 from asr_app.decoding.steps import Steps
 from asr_app.runtime import (
     DecoderRuntime,
@@ -153,8 +154,9 @@ def test_the_draft_attends_to_the_audio_not_the_padding(tiny_en_pair):
     audio_only = SpeculativeDecoder(tiny_en_pair)
     whole = SpeculativeDecoder(tiny_en_pair, runtime=RuntimeOptions(draft_audio_margin_s=None))
     captured = SpeculativeDecoder(tiny_en_pair, runtime=RuntimeOptions(cuda_graphs="emulate"))
-    frames = torch.zeros(2, 1500, 8)
-    assert audio_only._draft_view(frames, [3.0, 11.0]).shape[1] == 600  # the longest row's (11 + 1) s x 50
+    frames = torch.arange(1500.0)[None, :, None].expand(2, 1500, 8)
+    view = audio_only._draft_view(frames, [3.0, 11.0])  # the longest row's (11 + 1) s x 50, and the end
+    assert torch.equal(view[0, :, 0], torch.cat([torch.arange(600.0), torch.arange(1500.0 - DRAFT_END_FRAMES, 1500)]))
     assert audio_only._draft_view(frames, [29.5]) is frames
     assert whole._draft_view(frames, [3.0]) is frames and captured._draft_view(frames, [3.0]) is frames
     for timestamps in (False, True):

@@ -37,6 +37,9 @@ from asr_app.decoding.text import decode_text, split_segments
 from asr_app.runtime import DecoderRuntime, EncoderRuntime, StepRunner, draft_vocabulary
 from asr_app.runtime.allocator import keep_freed_memory
 
+# The window's last encoder frames stay in the draft's view however short the audio (see _draft_view).
+DRAFT_END_FRAMES = 16
+
 
 class SpeculativeDecoder:
     def __init__(self, pair, options: DecodingOptions = DecodingOptions(),
@@ -224,13 +227,20 @@ class SpeculativeDecoder:
 
     def _draft_view(self, draft_hidden: torch.Tensor | None, windows: Sequence[float]) -> torch.Tensor | None:
         """The encoder frames the draft attends to: the batch's longest audio plus the margin
-        (`RuntimeOptions.draft_audio_margin_s`), where steps run eagerly; else all of them."""
+        (`RuntimeOptions.draft_audio_margin_s`) and the window's last DRAFT_END_FRAMES, where steps run
+        eagerly; else all of them. Attention does not depend on the order of its keys, and the encoder
+        output carries its positions, so a view of the frames is a valid (shorter) window.
+
+        The window's end stays in view because the draft reads it: without it, its proposals changed even
+        with 20 of the 30 s in view (docs/runtime.md); with its last frame they were the same again."""
         margin = self.runtime.draft_audio_margin_s
         if draft_hidden is None or margin is None or self.graph_mode != "eager":
             return draft_hidden
-        frames_per_second = draft_hidden.shape[1] / WINDOW_SECONDS
-        frames = math.ceil((max(windows) + margin) * frames_per_second)
-        return draft_hidden if frames >= draft_hidden.shape[1] else draft_hidden[:, :frames]
+        total = draft_hidden.shape[1]
+        frames = math.ceil((max(windows) + margin) * total / WINDOW_SECONDS)
+        if frames + DRAFT_END_FRAMES >= total:
+            return draft_hidden
+        return torch.cat([draft_hidden[:, :frames], draft_hidden[:, total - DRAFT_END_FRAMES:]], dim=1)
 
     def _workspace(self, encoder_hidden: torch.Tensor, draft_hidden: torch.Tensor | None) -> Workspace:
         """Decoder states for this window. Eagerly new ones; with graphs one persistent workspace per
