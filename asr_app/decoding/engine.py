@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS
-from asr_app.decoding.alignment import add_word_timestamps, alignment_heads
+from asr_app.decoding.alignment import FRAMES_PER_SECOND, add_word_timestamps, alignment_heads
 from asr_app.decoding.costs import measure_step_costs
 from asr_app.decoding.gamma import AcceptanceEstimate, CostAwareGamma, GammaPolicy, StepCosts
 from asr_app.decoding.hf_mode import decode_hf
@@ -237,7 +237,7 @@ class SpeculativeDecoder:
         if draft_hidden is None or margin is None or self.graph_mode != "eager":
             return draft_hidden
         total = draft_hidden.shape[1]
-        frames = math.ceil((max(windows) + margin) * total / WINDOW_SECONDS)
+        frames = math.ceil((max(windows) + margin) * FRAMES_PER_SECOND)
         if frames + DRAFT_END_FRAMES >= total:
             return draft_hidden
         return torch.cat([draft_hidden[:, :frames], draft_hidden[:, total - DRAFT_END_FRAMES:]], dim=1)
