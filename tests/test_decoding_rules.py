@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_EN_DIR
+from conftest import TINY_EN_DIR, lj_clip
 from transformers import GenerationConfig
 from transformers.generation.logits_process import (
     SuppressTokensAtBeginLogitsProcessor,
@@ -12,7 +12,14 @@ from transformers.generation.logits_process import (
     WhisperTimeStampLogitsProcessor,
 )
 
-from asr_app.decoding.gamma import AcceptanceEstimate, CostAwareGamma, GammaPolicy, StepCosts, expected_tokens
+from asr_app.decoding.gamma import (
+    AcceptanceEstimate,
+    CostAwareGamma,
+    GammaPolicy,
+    StepCosts,
+    acceptance_memory,
+    expected_tokens,
+)
 from asr_app.decoding.rules import RuleState, WhisperLogitRules
 
 
@@ -129,6 +136,41 @@ def test_decoder_measures_costs_and_picks_the_policy(tiny_en_pair, monkeypatch):
                       GammaPolicy)
     with pytest.raises(ValueError, match="gamma_policy"):
         DecodingOptions(gamma_policy="fastest")
+
+
+def test_acceptance_memory_follows_every_step_more_slowly():
+    costs = StepCosts(draft=0.28, target=1.0, per_token=0.16)
+    memory = acceptance_memory()
+    policy = CostAwareGamma(costs, AcceptanceEstimate(prior=memory.value), memory)
+    for _ in range(10):
+        policy.update(3, 3)  # every draft accepted
+    assert AcceptanceEstimate.PRIOR < memory.value < policy.acceptance.value
+    policy.update(0, 0)  # a target-only step teaches neither
+    assert memory.value == pytest.approx(policy.memory.value)
+    without = CostAwareGamma(costs, AcceptanceEstimate())
+    without.update(3, 0)
+    assert without.memory is None and without.acceptance.value < AcceptanceEstimate.PRIOR
+
+
+def test_a_decode_starts_from_the_acceptance_of_the_decodes_before_it(tiny_en_pair, monkeypatch):
+    from asr_app.audio import load_audio
+    from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+    from asr_app.decoding.costs import PINNED_ENV
+
+    audio, greedy = load_audio(lj_clip("LJ001-0002")), DecodingOptions(mode="exact")
+    pinned = SpeculativeDecoder(tiny_en_pair)  # conftest pins the costs: every decode starts from the prior
+    text = pinned.decode(audio, greedy)[0].text
+    assert pinned._gamma_policy(greedy, True).acceptance.value == AcceptanceEstimate.PRIOR
+    monkeypatch.delenv(PINNED_ENV)
+    decoder = SpeculativeDecoder(tiny_en_pair)
+    decoder._step_costs = StepCosts(0.0019, 0.0067, 0.00105)  # the pinned figures, without pinning the prior
+    first = decoder._gamma_policy(greedy, True)
+    assert first.acceptance.value == AcceptanceEstimate.PRIOR and first.memory is decoder._acceptance_memory
+    result = decoder.decode(audio, greedy)[0]
+    assert result.stats.drafted > 0 and result.text == text  # other gammas, the same tokens
+    learned = decoder._acceptance_memory.value
+    assert learned != AcceptanceEstimate.PRIOR
+    assert decoder._gamma_policy(greedy, True).acceptance.value == learned
 
 
 def test_decoding_stats_add_up():

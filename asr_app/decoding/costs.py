@@ -95,6 +95,11 @@ class StepTimer:
 PINNED_ENV = "ASR_APP_STEP_COSTS"  # "draft,target,per_token" in seconds: fixed costs instead of measured ones
 
 
+def costs_pinned() -> bool:
+    """Whether ASR_APP_STEP_COSTS fixes the costs: then gamma choices must repeat from decode to decode."""
+    return bool(os.environ.get(PINNED_ENV))
+
+
 def measure_step_costs(decoder, repeats: int = 5) -> StepCosts:
     """Seconds per draft step and per target step (1 token, and per extra token) for `decoder`. Set
     ASR_APP_STEP_COSTS to pin them (repeatable gamma choices for tests and comparisons across machines)."""

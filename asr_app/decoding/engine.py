@@ -18,8 +18,14 @@ import torch
 
 from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS
 from asr_app.decoding.alignment import FRAMES_PER_SECOND, add_word_timestamps, alignment_heads
-from asr_app.decoding.costs import measure_step_costs
-from asr_app.decoding.gamma import AcceptanceEstimate, CostAwareGamma, GammaPolicy, StepCosts
+from asr_app.decoding.costs import costs_pinned, measure_step_costs
+from asr_app.decoding.gamma import (
+    AcceptanceEstimate,
+    CostAwareGamma,
+    GammaPolicy,
+    StepCosts,
+    acceptance_memory,
+)
 from asr_app.decoding.hf_mode import decode_hf
 from asr_app.decoding.hints import HintTracker
 from asr_app.decoding.loop import BatchState, SpeculativeLoop
@@ -76,6 +82,8 @@ class SpeculativeDecoder:
         self._rules: dict[tuple, WhisperLogitRules] = {}
         self._workspaces: dict[tuple[int, bool], Workspace] = {}
         self._step_costs: StepCosts | None = None
+        # The draft's acceptance over recent decodes: the prior of the next one (decoding/gamma.py).
+        self._acceptance_memory = acceptance_memory()
         self.alignment_heads = alignment_heads(gc, self.target.config.decoder_layers,
                                                self.target.config.decoder_attention_heads)
 
@@ -199,12 +207,17 @@ class SpeculativeDecoder:
         return self._step_costs
 
     def _gamma_policy(self, opts: DecodingOptions, speculative: bool):
-        """Cost-aware for greedy decoding. A sampled decode must be reproducible from its seed, and which
+        """Cost-aware for greedy decoding, starting from the acceptance of this decoder's recent decodes (the
+        gammas change, never the tokens). A sampled decode must be reproducible from its seed, and which
         random numbers it draws depends on the gammas chosen, so sampling uses the heuristic, whose choices
-        depend only on the decode itself (not on timings or earlier decodes)."""
+        depend only on the decode itself (not on timings or earlier decodes). Pinned costs (tests) keep
+        the fixed prior, so that a decode's gammas do not depend on the decodes before it either."""
         if not speculative or opts.gamma is not None or opts.gamma_policy == "heuristic" or opts.temperature > 0:
             return GammaPolicy(opts.gamma)
-        return CostAwareGamma(self.step_costs, AcceptanceEstimate())  # learned afresh per decode: repeatable
+        if costs_pinned():
+            return CostAwareGamma(self.step_costs, AcceptanceEstimate())
+        memory = self._acceptance_memory
+        return CostAwareGamma(self.step_costs, AcceptanceEstimate(prior=memory.value), memory)
 
     def _rules_for(self, timestamps: bool, draft: bool) -> WhisperLogitRules:
         """Rules per (timestamps, head): built once, so captured steps keep reading the same tensors."""

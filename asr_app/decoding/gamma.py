@@ -9,7 +9,8 @@ Three policies with one interface (`next(budget)` before a step, `update(drafted
   acceptance probability a, a step that drafts g tokens yields (1 - a^(g+1)) / (1 - a) tokens on average
   (Leviathan et al. 2023) and costs g draft steps plus one target step over g+1 tokens. The step costs are
   measured once per decoder (costs.py); a is learned from the accepted prefix lengths within the decode,
-  starting from a prior (so a decode's choices do not depend on earlier decodes). Where drafting does not pay (a slow draft, or poor acceptance) it chooses
+  starting from a prior: what the draft achieved over the decoder's recent decodes (`memory`), or a fixed
+  prior where none is kept. Where drafting does not pay (a slow draft, or poor acceptance) it chooses
   gamma 0 and decodes target-only, with a probe step now and then in case acceptance has come back.
 """
 
@@ -53,7 +54,9 @@ class AcceptanceEstimate:
     """The probability that the draft's next token is accepted, from accepted prefix lengths: a step that
     drafted g and accepted n < g saw n successes and one failure (n = g: g successes). Old steps fade."""
 
-    def __init__(self, prior: float = 0.8, weight: float = 10.0, decay: float = 0.98) -> None:
+    PRIOR = 0.8
+
+    def __init__(self, prior: float = PRIOR, weight: float = 10.0, decay: float = 0.98) -> None:
         self.successes, self.failures = prior * weight, (1 - prior) * weight
         self.decay = decay
 
@@ -64,6 +67,12 @@ class AcceptanceEstimate:
     def update(self, drafted: int, accepted: int) -> None:
         self.successes = self.successes * self.decay + accepted
         self.failures = self.failures * self.decay + (1 if accepted < drafted else 0)
+
+
+def acceptance_memory() -> AcceptanceEstimate:
+    """The estimate a decoder keeps across its decodes: it fades more slowly than a decode's own (over a few
+    hundred drafting steps, dozens of short clips), so it follows the pair and the audio, not one clip."""
+    return AcceptanceEstimate(decay=0.995)
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -79,8 +88,11 @@ class CostAwareGamma:
     MAX_GAMMA = 12
     PROBE_EVERY = 16  # after this many target-only steps, draft one token to re-measure acceptance
 
-    def __init__(self, costs: StepCosts, acceptance: AcceptanceEstimate) -> None:
-        self.costs, self.acceptance = costs, acceptance
+    def __init__(self, costs: StepCosts, acceptance: AcceptanceEstimate,
+                 memory: AcceptanceEstimate | None = None) -> None:
+        """`memory`: a slower estimate kept across decodes; it sees every step too, and the next decode
+        starts from its value (a short clip has too few steps to learn the pair's acceptance alone)."""
+        self.costs, self.acceptance, self.memory = costs, acceptance, memory
         self.idle = 0
 
     def best(self, cap: int) -> int:
@@ -100,3 +112,5 @@ class CostAwareGamma:
     def update(self, gamma: int, accepted: int) -> None:
         if gamma > 0:
             self.acceptance.update(gamma, accepted)
+            if self.memory is not None:
+                self.memory.update(gamma, accepted)
