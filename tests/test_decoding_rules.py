@@ -14,10 +14,10 @@ from transformers.generation.logits_process import (
 
 from asr_app.decoding.gamma import (
     AcceptanceEstimate,
+    AcceptanceMemory,
     CostAwareGamma,
     GammaPolicy,
     StepCosts,
-    acceptance_memory,
     expected_tokens,
 )
 from asr_app.decoding.rules import RuleState, WhisperLogitRules
@@ -140,16 +140,30 @@ def test_decoder_measures_costs_and_picks_the_policy(tiny_en_pair, monkeypatch):
 
 def test_acceptance_memory_follows_every_step_more_slowly():
     costs = StepCosts(draft=0.28, target=1.0, per_token=0.16)
-    memory = acceptance_memory()
+    memory = AcceptanceMemory()
     policy = CostAwareGamma(costs, AcceptanceEstimate(prior=memory.value), memory)
     for _ in range(10):
         policy.update(3, 3)  # every draft accepted
-    assert AcceptanceEstimate.PRIOR < memory.value < policy.acceptance.value
+    learned = memory.value
+    assert AcceptanceEstimate.PRIOR < learned < policy.acceptance.value
     policy.update(0, 0)  # a target-only step teaches neither
-    assert memory.value == pytest.approx(policy.memory.value)
-    without = CostAwareGamma(costs, AcceptanceEstimate())
-    without.update(3, 0)
-    assert without.memory is None and without.acceptance.value < AcceptanceEstimate.PRIOR
+    assert memory.value == learned
+    alone = CostAwareGamma(costs, AcceptanceEstimate())  # without a memory: its own, as before
+    alone.update(3, 0)
+    assert alone.memory is not memory and alone.acceptance.value < AcceptanceEstimate.PRIOR
+
+
+def test_short_decodes_still_probe_after_the_remembered_acceptance_collapsed():
+    """A remembered acceptance too low to draft: decodes shorter than the probe interval must still probe
+    between them, or the decoder would decode target-only for good."""
+    costs, memory = StepCosts(draft=0.28, target=1.0, per_token=0.16), AcceptanceMemory()
+    for _ in range(200):
+        memory.estimate.update(3, 0)
+    choices = []
+    for _ in range(2 * CostAwareGamma.PROBE_EVERY // 5 + 1):  # short decodes of 5 steps, each a new policy
+        policy = CostAwareGamma(costs, AcceptanceEstimate(prior=memory.value), memory)
+        choices += [policy.next(100) for _ in range(5)]
+    assert choices.count(1) >= 2 and set(choices) == {0, 1}
 
 
 def test_a_decode_starts_from_the_acceptance_of_the_decodes_before_it(tiny_en_pair, monkeypatch):

@@ -21,10 +21,10 @@ from asr_app.decoding.alignment import FRAMES_PER_SECOND, add_word_timestamps, a
 from asr_app.decoding.costs import costs_pinned, measure_step_costs
 from asr_app.decoding.gamma import (
     AcceptanceEstimate,
+    AcceptanceMemory,
     CostAwareGamma,
     GammaPolicy,
     StepCosts,
-    acceptance_memory,
 )
 from asr_app.decoding.hf_mode import decode_hf
 from asr_app.decoding.hints import HintTracker
@@ -83,7 +83,7 @@ class SpeculativeDecoder:
         self._workspaces: dict[tuple[int, bool], Workspace] = {}
         self._step_costs: StepCosts | None = None
         # The draft's acceptance over recent decodes: the prior of the next one (decoding/gamma.py).
-        self._acceptance_memory = acceptance_memory()
+        self._acceptance_memory = AcceptanceMemory()
         self.alignment_heads = alignment_heads(gc, self.target.config.decoder_layers,
                                                self.target.config.decoder_attention_heads)
 

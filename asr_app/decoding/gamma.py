@@ -69,10 +69,20 @@ class AcceptanceEstimate:
         self.failures = self.failures * self.decay + (1 if accepted < drafted else 0)
 
 
-def acceptance_memory() -> AcceptanceEstimate:
-    """The estimate a decoder keeps across its decodes: it fades more slowly than a decode's own (over a few
-    hundred drafting steps, dozens of short clips), so it follows the pair and the audio, not one clip."""
-    return AcceptanceEstimate(decay=0.995)
+class AcceptanceMemory:
+    """What a decoder keeps across its decodes for the cost policy: an acceptance estimate that fades more
+    slowly than a decode's own (over a few hundred drafting steps, dozens of short clips), so it follows the
+    pair and the audio, not one clip; and the target-only steps since the last draft. That count must
+    outlive a decode: a short clip has fewer steps than the probe interval, so where the remembered
+    acceptance has fallen too low to draft, per-decode counts would never probe and it would never recover."""
+
+    def __init__(self) -> None:
+        self.estimate = AcceptanceEstimate(decay=0.995)
+        self.idle = 0
+
+    @property
+    def value(self) -> float:
+        return self.estimate.value
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -89,11 +99,11 @@ class CostAwareGamma:
     PROBE_EVERY = 16  # after this many target-only steps, draft one token to re-measure acceptance
 
     def __init__(self, costs: StepCosts, acceptance: AcceptanceEstimate,
-                 memory: AcceptanceEstimate | None = None) -> None:
-        """`memory`: a slower estimate kept across decodes; it sees every step too, and the next decode
-        starts from its value (a short clip has too few steps to learn the pair's acceptance alone)."""
-        self.costs, self.acceptance, self.memory = costs, acceptance, memory
-        self.idle = 0
+                 memory: AcceptanceMemory | None = None) -> None:
+        """`memory`: what the decoder keeps across decodes (the next decode starts from its value, since a
+        short clip has too few steps to learn the pair's acceptance alone); None: this policy's own."""
+        self.costs, self.acceptance = costs, acceptance
+        self.memory = memory if memory is not None else AcceptanceMemory()
 
     def best(self, cap: int) -> int:
         alpha = self.acceptance.value
@@ -103,14 +113,13 @@ class CostAwareGamma:
     def next(self, cap: int) -> int:
         gamma = self.best(max(0, cap))
         if gamma == 0 and cap > 0:
-            self.idle += 1
-            if self.idle >= self.PROBE_EVERY:
-                self.idle = 0
+            self.memory.idle += 1
+            if self.memory.idle >= self.PROBE_EVERY:
+                self.memory.idle = 0
                 return 1
         return gamma
 
     def update(self, gamma: int, accepted: int) -> None:
         if gamma > 0:
             self.acceptance.update(gamma, accepted)
-            if self.memory is not None:
-                self.memory.update(gamma, accepted)
+            self.memory.estimate.update(gamma, accepted)
