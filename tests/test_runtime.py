@@ -279,6 +279,27 @@ def test_emulated_graphs_are_capture_safe_and_token_identical(tiny_en_pair):
     assert sampled.tokens == emulated.decode(clip, DecodingOptions(mode="exact", temperature=0.7, seed=1))[0].tokens
 
 
+def test_only_the_prompts_draft_step_runs_eagerly(tiny_en_pair, monkeypatch):
+    # The drafts that follow the prompt in the first step are ordinary one-token steps: they replay the
+    # captured graph (eagerly on a GPU each would cost its launches, ~1 ms for the tiny.en draft).
+    from conftest import JFK_FLAC
+
+    clip = load_clip(JFK_FLAC)
+    decoder = SpeculativeDecoder(tiny_en_pair, runtime=RuntimeOptions(cuda_graphs="emulate"))
+    spans = []
+    original = Steps.draft_step
+
+    def recording(self, **kwargs):
+        spans.append(kwargs["span"])
+        return original(self, **kwargs)
+
+    monkeypatch.setattr(Steps, "draft_step", recording)
+    result = decoder.decode(clip, DecodingOptions(mode="exact", gamma=4))[0]
+    eager = [span for span in spans if span < decoder.max_positions]  # a captured step spans the whole cache
+    assert len(eager) == 1 and len(spans) > 8
+    assert result.tokens == SpeculativeDecoder(tiny_en_pair).decode(clip, DecodingOptions(mode="off"))[0].tokens
+
+
 def test_emulation_catches_a_host_read(tiny_en_pair, monkeypatch):
     # The negative control: a step that reads a device value on the host fails under emulation.
     from conftest import JFK_FLAC

@@ -3,8 +3,9 @@
 Run once per decoder, on a synthetic window (a random encoder output of the real shape, batch 1): the
 draft step and the target step over k tokens go through the same step functions, runner and capture
 keys as the decoding loop, so on a GPU this also captures the batch-1 graphs the loop will replay. Each
-figure is a median over repeats, with the device synchronised around every call. bench/runtime_bench.py
-uses the same timer for its per-step table.
+figure is a median over repeats, with the device synchronised around every target call, and around a few
+draft calls in a row (the loop queues a step's drafts without syncs). bench/runtime_bench.py uses the same
+timer for its per-step table.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from asr_app.decoding.rules import RuleState
 from asr_app.decoding.steps import Steps, state_tensors
 
 GAMMA = 5  # the wider target step measured: its cost over the 1-token step gives the per-token slope
+DRAFT_CHAIN = 4  # draft steps timed in a row (a typical step's drafts)
 
 
 def _random_encoder_output(model, device, dtype) -> torch.Tensor:
@@ -54,7 +56,8 @@ class StepTimer:
         self.state = state_tensors(RuleState.initial(1, self.device))
         self.tokens = torch.full((1, 64), 262, dtype=torch.long, device=self.device)  # " the": any text token
 
-    def _timed(self, fn) -> float:
+    def _timed(self, fn, chained: int = 1) -> float:
+        """Median seconds per call of `fn`, run `chained` times in a row between two syncs."""
         def sync():
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
@@ -65,22 +68,33 @@ class StepTimer:
             for _ in range(self.repeats):
                 sync()
                 t0 = time.perf_counter()
-                fn()
+                for _ in range(chained):
+                    fn()
                 sync()
-                times.append(time.perf_counter() - t0)
+                times.append((time.perf_counter() - t0) / chained)
         return statistics.median(times)
 
-    def draft(self) -> float:
+    def draft(self, chained: int = DRAFT_CHAIN) -> float:
+        """One draft step. The loop queues a step's drafts back to back with no sync between them, so on a GPU a
+        draft costs its device time once the host runs ahead, not its latency: timed `chained` in a row."""
+        return self._timed(self.draft_call(), chained)
+
+    def target(self, width: int) -> float:
+        """A target step over `width` tokens (the pending one and width - 1 proposals), verification included."""
+        return self._timed(self.target_call(width))
+
+    def draft_call(self):
+        """One draft step as the loop runs it (batch 1, one token), as a function of no arguments."""
         ws, steps = self.ws, self.steps
 
         def run():
             ws.draft.length = self.start
             ws.runner.run(("draft", 1, 1, *steps.key), steps.draft_step, {"ids": self.tokens[:, :1], **self.state},
                           self.start, 1, generated=1)
-        return self._timed(run)
+        return run
 
-    def target(self, width: int) -> float:
-        """A target step over `width` tokens (the pending one and width - 1 proposals), verification included."""
+    def target_call(self, width: int):
+        """One target step over `width` tokens as the loop runs it, as a function of no arguments."""
         ws, steps = self.ws, self.steps
         num_draft = torch.full((1,), width - 1, dtype=torch.long, device=self.device)
 
@@ -89,7 +103,7 @@ class StepTimer:
             ws.runner.run(("target", 1, width, width - 1, "exact", *steps.key), steps.target_step,
                           {"ids": self.tokens[:, :width], **self.state, "num_draft": num_draft}, self.start, width,
                           proposals=width - 1, generated=1, mode="exact")
-        return self._timed(run)
+        return run
 
 
 PINNED_ENV = "ASR_APP_STEP_COSTS"  # "draft,target,per_token" in seconds: fixed costs instead of measured ones

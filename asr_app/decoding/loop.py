@@ -154,7 +154,7 @@ class SpeculativeLoop:
                 tensors["uniform"] = uniforms[:, j]
             length = ids.shape[1]
             out = self.runner.run(("draft", batch, length, *steps.key), steps.draft_step, tensors,
-                                  ws.draft.length, length, capturable=b.generated > 0 and length <= 2,
+                                  ws.draft.length, length, capturable=b.generated + j > 0 and length <= 2,
                                   generated=b.generated + j)
             ws.draft.length += length
             token = out["token"] if self.eager else out["token"].clone()  # a graph's outputs are reused
