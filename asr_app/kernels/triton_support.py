@@ -61,14 +61,15 @@ class LaunchGeometry:
 def launch_geometry(vocab: int, block_v: int | None = None, tiles: int | None = None) -> LaunchGeometry:
     """Tile size and vocabulary split count.
 
-    On a GPU, 1024-wide tiles and 4 tiles per program give ~13 programs per row at V=51864, enough
-    to fill the machine at B=1, g=5 while keeping the per-split partials few. The interpreter runs
-    programs one after another in Python, so there fewer, wider programs are much faster.
+    On a GPU, 1024-wide tiles and one tile per program: 51 programs per row at V=51864. Each program's
+    serial work is short, and at B=1, g=5 the exact mode replayed from a CUDA graph took less than with
+    4 tiles per program (H100; docs/runtime.md). The interpreter runs programs one after another in
+    Python, so there fewer, wider programs are much faster.
     """
     if block_v is None:
         block_v = min(16384, next_power_of_2(vocab)) if triton_interpreting() else 1024
     if tiles is None:
-        tiles = 2 if triton_interpreting() else 4
+        tiles = 2 if triton_interpreting() else 1
     per_split = block_v * tiles
     num_splits = (vocab + per_split - 1) // per_split
     return LaunchGeometry(block_v, tiles, num_splits, max(2, next_power_of_2(num_splits)))

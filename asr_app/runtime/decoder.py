@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from asr_app.runtime.ops import layer_norm, linear, merge_heads, split_heads, visible_keys
+from asr_app.runtime.ops import cross_attention, layer_norm, linear, merge_heads, split_heads, visible_keys
 from asr_app.runtime.vocab import OutputHead
 from asr_app.runtime.weights import DecoderWeights, LayerWeights, decoder_weights
 
@@ -145,7 +145,7 @@ class DecoderRuntime:
         q = split_heads(linear(h, *layer.cross_query), heads)
         if w.query_scale != 1.0:
             q = q * w.query_scale
-        attn = F.scaled_dot_product_attention(q, state.cross_k[index], state.cross_v[index], scale=1.0)
+        attn = cross_attention(q, state.cross_k[index], state.cross_v[index])
         if probe is not None and index in probe:  # the same scores SDPA used (q and k carry the scale)
             probe[index] = torch.softmax((q @ state.cross_k[index].transpose(-1, -2)).float(), dim=-1)
         x = x + linear(merge_heads(attn), *layer.cross_out)

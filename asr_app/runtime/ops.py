@@ -6,6 +6,7 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # Up to this many rows a CPU fp32 projection with an unpacked weight runs as W @ x^T (see `linear`).
 SKINNY_ROWS = 16
@@ -120,6 +121,20 @@ def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, onednn: bo
             probs = torch.softmax(product(q[b, h], k[b, h], None, "none", [], ""), dim=-1)
             out[b, :, h] = product(probs, v_t[b, h], None, "none", [], "")
     return out.view(batch, length, heads * head_dim)
+
+
+# Without cuDNN's attention PyTorch takes the flash kernel where it applies (half precision, no mask).
+_FLASH_FIRST = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+def cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A decoding step's queries over the window's keys and values (no mask; q carries the scale). On a GPU
+    in half precision through the flash kernel: PyTorch's default there (cuDNN) slows down as a step scores
+    more tokens, which is what a speculative step does (docs/runtime.md, "GPU")."""
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        with sdpa_kernel(list(_FLASH_FIRST)):
+            return F.scaled_dot_product_attention(q, k, v, scale=1.0)
+    return F.scaled_dot_product_attention(q, k, v, scale=1.0)
 
 
 def layer_norm(x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor], eps: float) -> torch.Tensor:
