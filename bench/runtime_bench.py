@@ -8,7 +8,8 @@ steady throughput test. Reported, batch 1, greedy:
 
 - ms/token of the decoding loop (encoder excluded): transformers `generate` (eager), our `off` eager and
   with CUDA graphs, our `exact` with CUDA graphs (its acceptance is whatever the random draft gets);
-- per-step costs: the target step over k = 1 .. g+1 tokens (verification included) and the draft step,
+- per-step costs: the target step over k = 1 .. g+1 tokens (verification included) and the draft step
+  (timed 4 in a row between syncs, as the loop queues a step's drafts, and alone with a sync after it),
   with and without graphs; the verification step alone inside a graph (bench/verify_bench.py's capture);
 - the speedup of `exact` over graph-captured `off` projected at the real tiny.en pair's measured
   tokens per target call (3.96 with the distilled draft): target(1) / ((g * draft + target(g+1)) / 3.96).
@@ -133,7 +134,8 @@ def transformers_ms_per_token(pair: ModelPair, features, tokens: int, repeats: i
 
 def step_table(decoder: SpeculativeDecoder, gamma: int, repeats: int) -> dict:
     timer = StepTimer(decoder, repeats)
-    return {"target_ms": {k: 1e3 * timer.target(k) for k in range(1, gamma + 2)}, "draft_ms": 1e3 * timer.draft()}
+    return {"target_ms": {k: 1e3 * timer.target(k) for k in range(1, gamma + 2)}, "draft_ms": 1e3 * timer.draft(),
+            "draft_latency_ms": 1e3 * timer.draft(chained=1)}
 
 
 def verify_in_graph_us(device: torch.device, dtype: torch.dtype) -> float | None:
@@ -145,6 +147,55 @@ def verify_in_graph_us(device: torch.device, dtype: torch.dtype) -> float | None
     inputs = make_inputs(1, 5, VOCAB, dtype, device)
     replay = graphed_fn("exact", *inputs, torch.Generator(device=device).manual_seed(0))
     return 1e3 * triton.testing.do_bench(replay, warmup=25, rep=100, return_mode="median")
+
+
+def real_clips() -> list:
+    """The 13 real clips of bench/peers_bench.py, from the repository's test data (it travels to a lent GPU)."""
+    from asr_app.audio import load_audio
+
+    audio = Path(__file__).resolve().parents[1] / "tests" / "data" / "audio"
+    files = [audio / "jfk" / "jfk.flac", *sorted((audio / "librispeech").rglob("*.flac"))]
+    files += [audio / "ljspeech" / "wavs" / f"LJ001-{i:04d}.flac" for i in range(1, 9)]
+    return [load_audio(f) for f in files]
+
+
+def real_rows(models: Path, device: torch.device, dtype: torch.dtype, repeats: int) -> dict:
+    """The real tiny.en pair on the 13 clips, greedy, batch 1: per configuration the decoding loop's and the
+    whole decode's ms/token (sums over clips of per-clip medians), tokens per target call, == `off`."""
+    from asr_app.models import load_pair
+
+    pair = load_pair(target=str(models / "whisper-tiny.en"), draft=str(models / "distil-tiny.en-draft"),
+                     device=str(device), dtype=dtype)
+    graphs = "off" if device.type == "cpu" else "auto"
+    decoders = {"eager": SpeculativeDecoder(pair, runtime=RuntimeOptions(cuda_graphs="off")),
+                "graphs": SpeculativeDecoder(pair, runtime=RuntimeOptions(cuda_graphs=graphs))}
+    configs = {"transformers assisted generate (hf)": ("eager", "hf"), "ours off (eager)": ("eager", "off"),
+               "ours exact (eager)": ("eager", "exact"), "ours off (graphs)": ("graphs", "off"),
+               "ours exact (graphs)": ("graphs", "exact"), "ours sigmoid (graphs)": ("graphs", "sigmoid")}
+    clips = real_clips()
+    for which, mode in configs.values():  # warm-up: graphs captured, step costs measured
+        decoders[which].decode(clips[0], DecodingOptions(mode=mode))
+    loop = {name: [[] for _ in clips] for name in configs}
+    whole = {name: [[] for _ in clips] for name in configs}
+    results = {name: [None] * len(clips) for name in configs}
+    for _ in range(repeats):
+        for i, clip in enumerate(clips):
+            for name, (which, mode) in configs.items():
+                r = decoders[which].decode(clip, DecodingOptions(mode=mode))[0]
+                loop[name][i].append(r.stats.total_s - r.stats.encoder_s)
+                whole[name][i].append(r.stats.total_s)
+                results[name][i] = r
+    rows = {}
+    for name in configs:
+        tokens = sum(r.stats.tokens_out for r in results[name])
+        calls = sum(r.stats.target_calls for r in results[name])
+        rows[name] = {
+            "ms_per_token": 1e3 * sum(statistics.median(t) for t in loop[name]) / tokens,
+            "e2e_ms_per_token": 1e3 * sum(statistics.median(t) for t in whole[name]) / tokens,
+            "tokens": tokens, "tokens_per_target_call": tokens / calls if calls else None,
+            "identical_to_off": all(a.tokens == b.tokens for a, b in zip(results[name], results["ours off (eager)"])),
+        }
+    return rows
 
 
 def run(args) -> dict:
@@ -168,6 +219,7 @@ def run(args) -> dict:
     }
     steps = {"graphs": step_table(graphed, args.gamma, args.repeats), "eager": step_table(eager, args.gamma, args.repeats)}
     s = steps["graphs"]
+    real = real_rows(args.real_models, device, dtype, args.repeats) if args.real_models else None
     per_call = args.gamma * s["draft_ms"] + s["target_ms"][args.gamma + 1]
     return {
         "config": {"shape": args.shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
@@ -175,7 +227,7 @@ def run(args) -> dict:
                    "gamma": args.gamma, "draft_vocab": args.draft_vocab, "tokens": args.tokens,
                    "repeats": args.repeats, "torch": torch.__version__, "build_s": round(build_s, 1),
                    "target_params_M": round(sum(p.numel() for p in pair.target.parameters()) / 1e6, 1)},
-        "loops": loops, "steps": steps,
+        "loops": loops, "steps": steps, "real_tiny_en": real,
         "verify_in_graph_us": verify_in_graph_us(device, dtype),
         "projection": {"tokens_per_call": PROJECTED_TOKENS_PER_CALL, "ms_per_token": per_call / PROJECTED_TOKENS_PER_CALL,
                        "speedup_vs_off": s["target_ms"][1] / (per_call / PROJECTED_TOKENS_PER_CALL),
@@ -194,10 +246,10 @@ def markdown(report: dict) -> str:
         acc = f"{row['acceptance']:.3f}" if row.get("acceptance") is not None else "-"
         lines.append(f"| {name} | {row['ms_per_token']:.2f} | {tpc} | {acc} |")
     lines += ["", "| step (ms) | " + " | ".join(f"target k={k}" for k in report["steps"]["graphs"]["target_ms"])
-              + " | draft |", "|---" * (len(report["steps"]["graphs"]["target_ms"]) + 2) + "|"]
+              + " | draft (4 in a row) | draft (alone) |", "|---" * (len(report["steps"]["graphs"]["target_ms"]) + 3) + "|"]
     for mode, s in report["steps"].items():
         lines.append(f"| {mode} | " + " | ".join(f"{v:.3f}" for v in s["target_ms"].values())
-                     + f" | {s['draft_ms']:.3f} |")
+                     + f" | {s['draft_ms']:.3f} | {s['draft_latency_ms']:.3f} |")
     v = report["verify_in_graph_us"]
     lines += ["", f"- verification step (exact, B=1, g=5, V=51864) inside a CUDA graph: "
               f"{f'{v:.1f} us' if v is not None else 'n/a (no GPU)'}",
@@ -205,6 +257,14 @@ def markdown(report: dict) -> str:
               f"{p['draft_over_target']:.3f}",
               f"- projected `exact` at {p['tokens_per_call']} tokens per target call: {p['ms_per_token']:.3f} ms/token, "
               f"{p['speedup_vs_off']:.2f}x graph-captured `off`"]
+    if report.get("real_tiny_en"):
+        lines += ["", f"real tiny.en + distilled draft, 13 clips, {c['device']}, {c['dtype']}, batch 1, greedy", "",
+                  "| configuration | loop ms/token | whole decode ms/token | tokens/target call | == off |",
+                  "|---|---|---|---|---|"]
+        for name, row in report["real_tiny_en"].items():
+            tpc = f"{row['tokens_per_target_call']:.2f}" if row["tokens_per_target_call"] else "-"
+            lines.append(f"| {name} | {row['ms_per_token']:.2f} | {row['e2e_ms_per_token']:.2f} | {tpc} | "
+                         f"{row['identical_to_off']} |")
     return "\n".join(lines)
 
 
@@ -238,6 +298,8 @@ def main(argv=None) -> None:
     ap.add_argument("--draft-vocab", type=int, default=RuntimeOptions().draft_vocab)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--real-models", type=Path, default=None,
+                    help="a folder with whisper-tiny.en and distil-tiny.en-draft: adds the real pair's rows")
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     args.dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")

@@ -1,0 +1,192 @@
+"""Where a decoding step's time goes: device kernels of one step, and host work of whole decodes.
+
+    python bench/step_profile.py --shape large-v2 --device cuda                       # kernels per step
+    python bench/step_profile.py --shape tiny --device cuda --real-models DIR         # + real decodes
+
+1. Random-weight pair of the chosen shape (bench/runtime_bench.py), batch 1, eager steps under the torch
+   profiler: per step (target over 1 and g+1 tokens, draft) the kernels by total device time, their
+   count and the sum. With CUDA graphs the host launches disappear, but each kernel still costs its
+   device time: this sum is what a replay costs.
+2. With `--real-models`: the real tiny.en pair on jfk, CUDA graphs, per mode one profiled decode (host
+   operators by self CPU time, syncs counted), and the loop's ms/token with gamma fixed at 1..6 next to
+   the cost-aware policy's choice (drafts per target call).
+
+Writes bench/results/step_profile_<shape>_<device>.txt (and .json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+from runtime_bench import RESULTS, decoder_for, random_pair, real_clips
+from torch.profiler import ProfilerActivity, profile
+
+from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
+from asr_app.decoding.costs import StepTimer
+
+
+def kernel_table(fn, device: torch.device, rows: int) -> tuple[str, dict]:
+    with torch.inference_mode():
+        fn()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof, torch.inference_mode():
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total_us = sum(e.self_device_time_total for e in events)
+    count = sum(e.count for e in events)
+    events.sort(key=lambda e: -e.self_device_time_total)
+    lines = [f"{count} kernels, {total_us:.0f} us of device time", "| kernel | count | total us | share |",
+             "|---|---|---|---|"]
+    for e in events[:rows]:
+        lines.append(f"| {e.key[:90]} | {e.count} | {e.self_device_time_total:.0f} | "
+                     f"{e.self_device_time_total / max(total_us, 1e-9):.1%} |")
+    return "\n".join(lines), {"kernels": count, "device_us": total_us}
+
+
+def step_kernels(args, device, dtype) -> tuple[str, dict]:
+    pair = random_pair(args.shape, device, dtype)
+    decoder = decoder_for(pair, "off", args.draft_vocab)  # eager: the profiler sees every kernel
+    timer = StepTimer(decoder, repeats=1)
+    out, data = [], {}
+    for name, fn in (("target k=1", timer.target_call(1)), (f"target k={args.gamma + 1}",
+                     timer.target_call(args.gamma + 1)), ("draft", timer.draft_call())):
+        text, figures = kernel_table(fn, device, args.rows)
+        out += [f"### {args.shape}: {name} step (eager)", "", text, ""]
+        data[name] = figures
+    return "\n".join(out), data
+
+
+def graph_replay(fn):
+    """fn captured in a CUDA graph (after two warm-up calls on a side stream), returned as its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+GEOMETRIES = ((1024, 4), (1024, 2), (1024, 1), (512, 4), (512, 2), (512, 1), (2048, 1), (2048, 2), (4096, 1))
+
+
+def verify_section(device, rows: int) -> tuple[str, dict]:
+    """The exact verification (B=1, g=5, V=51864, fp16): its kernels, and its graph replay per launch
+    geometry (tile width x tiles per program)."""
+    import triton.testing
+    from verify_bench import make_inputs
+
+    from asr_app.kernels import VerifyRandomness
+    from asr_app.kernels.exact import verify_exact_triton
+
+    target, draft, tokens, num_draft = make_inputs(1, 5, 51864, torch.float16, device)
+    rnd = VerifyRandomness(torch.rand(1, 6, dtype=torch.float64, device=device))
+    text, _ = kernel_table(lambda: verify_exact_triton(target, draft, tokens, num_draft, rnd), device, rows)
+    sweep = {}
+    for block_v, tiles in GEOMETRIES:
+        replay = graph_replay(lambda b=block_v, t=tiles: verify_exact_triton(target, draft, tokens, num_draft, rnd,
+                                                                             block_v=b, tiles=t))
+        sweep[f"{block_v}x{tiles}"] = 1e3 * triton.testing.do_bench(replay, warmup=25, rep=100, return_mode="median")
+    lines = ["### exact verification, B=1 g=5 V=51864 fp16: kernels (eager)", "", text, "",
+             "| geometry (tile x tiles) | graph replay us |", "|---|---|"]
+    lines += [f"| {k} | {v:.1f} |" for k, v in sweep.items()]
+    return "\n".join(lines), sweep
+
+
+def host_table(decoder, clip, mode: str, rows: int) -> tuple[str, dict]:
+    opts = DecodingOptions(mode=mode)
+    decoder.decode(clip, opts)
+    device = decoder.pair.device
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:  # with CUDA: the runtime calls (launches, syncs) as host rows
+        result = decoder.decode(clip, opts)[0]
+    events = sorted((e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CPU),
+                    key=lambda e: -e.self_cpu_time_total)
+    st = result.stats
+    syncs = sum(e.count for e in events if "Synchronize" in e.key or e.key == "aten::_local_scalar_dense")
+    head = (f"{st.tokens_out} tokens, {st.target_calls} target calls, {st.drafted / max(st.target_calls, 1):.2f} "
+            f"drafts per call; host syncs/reads {syncs}")
+    lines = [head, "| host operator | count | self CPU us |", "|---|---|---|"]
+    lines += [f"| {e.key[:70]} | {e.count} | {e.self_cpu_time_total:.0f} |" for e in events[:rows]]
+    return "\n".join(lines), {"tokens": st.tokens_out, "target_calls": st.target_calls, "drafted": st.drafted,
+                              "syncs": syncs}
+
+
+def fixed_gamma_loop(decoder, clips, repeats: int) -> dict:
+    """Loop ms/token (sum over clips of per-clip medians) per fixed gamma and with the cost policy."""
+    configs = {"off": DecodingOptions(mode="off"), "policy": DecodingOptions(mode="exact")}
+    configs |= {f"gamma {g}": DecodingOptions(mode="exact", gamma=g) for g in range(1, 7)}
+    for opts in configs.values():
+        decoder.decode(clips[0], opts)
+    times = {name: [[] for _ in clips] for name in configs}
+    tokens = dict.fromkeys(configs, 0)
+    calls = dict.fromkeys(configs, 0)
+    for _ in range(repeats):
+        for i, clip in enumerate(clips):
+            for name, opts in configs.items():
+                st = decoder.decode(clip, opts)[0].stats
+                times[name][i].append(st.total_s - st.encoder_s)
+                tokens[name], calls[name] = st.tokens_out + tokens[name], st.target_calls + calls[name]
+    return {name: {"ms_per_token": 1e3 * sum(statistics.median(t) for t in times[name]) * repeats / tokens[name],
+                   "tokens_per_target_call": tokens[name] / calls[name]} for name in configs}
+
+
+def real_section(args, device, dtype) -> tuple[str, dict]:
+    from asr_app.models import load_pair
+
+    pair = load_pair(target=str(args.real_models / "whisper-tiny.en"),
+                     draft=str(args.real_models / "distil-tiny.en-draft"), device=str(device), dtype=dtype)
+    decoder = SpeculativeDecoder(pair, runtime=RuntimeOptions())
+    clips = real_clips()
+    out, data = [], {}
+    for mode in ("off", "exact"):
+        text, figures = host_table(decoder, clips[0], mode, args.rows)
+        out += [f"### real tiny.en, jfk, mode {mode}, graphs {decoder.graph_mode}: host operators", "", text, ""]
+        data[mode] = figures
+    loops = fixed_gamma_loop(decoder, clips, args.repeats)
+    out += ["### real tiny.en, 13 clips: loop ms/token by gamma", "", "| gamma | ms/token | tokens/target call |",
+            "|---|---|---|"]
+    out += [f"| {name} | {r['ms_per_token']:.3f} | {r['tokens_per_target_call']:.2f} |" for name, r in loops.items()]
+    data["loops"] = loops
+    return "\n".join(out), data
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="large-v2")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--gamma", type=int, default=5)
+    ap.add_argument("--draft-vocab", type=int, default=RuntimeOptions().draft_vocab)
+    ap.add_argument("--rows", type=int, default=15)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--real-models", type=Path, default=None)
+    ap.add_argument("--out-dir", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    text, data = step_kernels(args, device, dtype)
+    if device.type == "cuda":
+        more, data["verify_geometry_us"] = verify_section(device, args.rows)
+        text += "\n" + more + "\n"
+    if args.real_models:
+        more, data["real"] = real_section(args, device, dtype)
+        text += "\n" + more
+    print(text)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    stem = args.out_dir / f"step_profile_{args.shape}_{device.type}"
+    stem.with_suffix(".txt").write_text(text + "\n")
+    stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
+    print(f"wrote {stem}.txt and .json")
+
+
+if __name__ == "__main__":
+    main()
