@@ -279,25 +279,52 @@ def test_emulated_graphs_are_capture_safe_and_token_identical(tiny_en_pair):
     assert sampled.tokens == emulated.decode(clip, DecodingOptions(mode="exact", temperature=0.7, seed=1))[0].tokens
 
 
-def test_only_the_prompts_draft_step_runs_eagerly(tiny_en_pair, monkeypatch):
-    # The drafts that follow the prompt in the first step are ordinary one-token steps: they replay the
-    # captured graph (eagerly on a GPU each would cost its launches, ~1 ms for the tiny.en draft).
+def test_with_graphs_no_step_runs_eagerly_unless_a_previous_text_lengthens_the_prompt(tiny_en_pair, monkeypatch):
+    # Every step replays a captured graph, the prompt's included (eagerly on a GPU a tiny.en step costs its
+    # ~150 launches, ~1-2 ms), while a prompt with previous text, whose length varies, runs eagerly.
     from conftest import JFK_FLAC
 
     clip = load_clip(JFK_FLAC)
+    eager = SpeculativeDecoder(tiny_en_pair)
     decoder = SpeculativeDecoder(tiny_en_pair, runtime=RuntimeOptions(cuda_graphs="emulate"))
     spans = []
-    original = Steps.draft_step
+    original = DecoderRuntime.forward
 
-    def recording(self, **kwargs):
-        spans.append(kwargs["span"])
-        return original(self, **kwargs)
+    def recording(self, state, ids, positions, span, mask, probe=None):
+        spans.append((self is decoder.draft_runtime, span))
+        return original(self, state, ids, positions, span, mask, probe)
 
-    monkeypatch.setattr(Steps, "draft_step", recording)
-    result = decoder.decode(clip, DecodingOptions(mode="exact", gamma=4))[0]
-    eager = [span for span in spans if span < decoder.max_positions]  # a captured step spans the whole cache
-    assert len(eager) == 1 and len(spans) > 8
-    assert result.tokens == SpeculativeDecoder(tiny_en_pair).decode(clip, DecodingOptions(mode="off"))[0].tokens
+    monkeypatch.setattr(DecoderRuntime, "forward", recording)
+    for timestamps in (False, True):
+        opts = DecodingOptions(mode="exact", gamma=4, timestamps=timestamps)
+        spans.clear()
+        result = decoder.decode(clip, opts)[0]
+        assert len(spans) > 8 and all(span == decoder.max_positions for _, span in spans)  # captured: whole cache
+        reference = eager.decode(clip, opts)[0]
+        assert result.tokens == reference.tokens
+        assert result.no_speech_prob == pytest.approx(reference.no_speech_prob, abs=1e-6)
+    spans.clear()
+    previous = "And so, my fellow Americans, ask not."
+    result = decoder.decode(clip, DecodingOptions(mode="exact", gamma=4), prompts=[previous])[0]
+    eager_steps = [(is_draft, span) for is_draft, span in spans if span < decoder.max_positions]
+    assert eager_steps == [(False, eager_steps[0][1])]  # the target's prompt step only: the draft skips the text
+    assert result.tokens == eager.decode(clip, DecodingOptions(mode="exact", gamma=4), prompts=[previous])[0].tokens
+
+
+def test_a_long_hint_step_runs_eagerly_so_graphs_stay_few(tiny_en_pair):
+    # A hint can propose the whole expected answer; a graph per such width would hold its own memory.
+    from conftest import JFK_FLAC
+
+    from asr_app.decoding.loop import MAX_CAPTURED_PROPOSALS
+
+    clip = load_clip(JFK_FLAC)
+    decoder = SpeculativeDecoder(tiny_en_pair, runtime=RuntimeOptions(cuda_graphs="emulate"))
+    answer = decoder.decode(clip, DecodingOptions(mode="off"))[0].tokens
+    assert len(answer) > MAX_CAPTURED_PROPOSALS + 2
+    hinted = decoder.decode(clip, DecodingOptions(mode="off"), hints=[answer])[0]
+    assert hinted.tokens == answer and hinted.stats.target_calls <= 2
+    widths = [key[3] for ws in decoder._workspaces.values() for key in ws.runner.captured if key[0] in ("first", "target")]
+    assert widths and max(widths) <= MAX_CAPTURED_PROPOSALS
 
 
 def test_emulation_catches_a_host_read(tiny_en_pair, monkeypatch):

@@ -89,7 +89,7 @@ class StepTimer:
 
         def run():
             ws.draft.length = self.start
-            ws.runner.run(("draft", 1, 1, *steps.key), steps.draft_step, {"ids": self.tokens[:, :1], **self.state},
+            ws.runner.run(("draft", 1, 1, False, *steps.key), steps.draft_step, {"ids": self.tokens[:, :1], **self.state},
                           self.start, 1, generated=1)
         return run
 

@@ -41,7 +41,13 @@ import torch
 from asr_app.decoding.hints import HintTracker
 from asr_app.decoding.options import SPECULATIVE_MODES, DecodingOptions, DecodingStats
 from asr_app.decoding.rules import RuleState
-from asr_app.decoding.steps import Steps, state_tensors
+from asr_app.decoding.steps import Steps, no_speech_probability, state_tensors
+
+# Shapes captured in CUDA graphs (each graph keeps its own memory, so only shapes that recur): a step's
+# proposals (the gamma policy's at most 12; longer hint steps run eagerly) and a prompt without previous
+# text (<|startoftranscript|>, language, task, <|notimestamps|>).
+MAX_CAPTURED_PROPOSALS = 16
+MAX_CAPTURED_PROMPT = 4
 
 
 @dataclass
@@ -152,9 +158,9 @@ class SpeculativeLoop:
             tensors = {"ids": ids, **state}
             if uniforms is not None:
                 tensors["uniform"] = uniforms[:, j]
-            length = ids.shape[1]
-            out = self.runner.run(("draft", batch, length, *steps.key), steps.draft_step, tensors,
-                                  ws.draft.length, length, capturable=b.generated + j > 0 and length <= 2,
+            length, first = ids.shape[1], b.generated + j == 0  # the rules differ before the first token
+            out = self.runner.run(("draft", batch, length, first, *steps.key), steps.draft_step, tensors,
+                                  ws.draft.length, length, capturable=length <= (MAX_CAPTURED_PROMPT if first else 2),
                                   generated=b.generated + j)
             ws.draft.length += length
             token = out["token"] if self.eager else out["token"].clone()  # a graph's outputs are reused
@@ -205,29 +211,49 @@ class SpeculativeLoop:
         if uniforms is not None and mode != "baseline":
             check_inputs["uniforms"] = uniforms
         start, length = ws.target.length, ids.shape[1]
-        if b.generated == 0:
+        first = b.generated == 0
+        if self._replays_target(mode, gamma, length - gamma if first else 1):
+            return self._replay_target(b, ids, gamma, check_inputs, mode)
+        if first:
             return self._first_step(b, ids, p, check_inputs, mode)
-        graphed = not self.eager and not opts.profile_verify and not (mode == "baseline" and opts.temperature > 0)
-        state = state_tensors(b.rules)
-        if graphed:
-            key = ("target", batch, length, gamma, mode, *steps.key)
-            out = self.runner.run(key, steps.target_step, {"ids": ids, **state, **check_inputs}, start, length,
-                                  proposals=gamma, generated=b.generated, mode=mode)
-            ws.target.length = start + length
-            self.timings.target_s += self.timings.lap()
-            return out
-        logits = self.runner.run(("score",), steps.score, {"ids": ids, **state}, start, length, capturable=False,
-                                 proposals=gamma, generated=b.generated)
+        logits = self.runner.run(("score",), steps.score, {"ids": ids, **state_tensors(b.rules)}, start, length,
+                                 capturable=False, proposals=gamma, generated=b.generated)
         ws.target.length = start + length
         self.timings.target_s += self.timings.lap()
         return self._check(logits, ids[:, length - gamma:], check_inputs, mode, gamma)
 
+    def _replays_target(self, mode: str, gamma: int, pending: int) -> bool:
+        """Whether this target step is captured: with graphs, unless the verification draws from a generator
+        (baseline sampling) or is profiled, and only for shapes that recur (graphs are kept per shape, each
+        with its own memory): up to MAX_CAPTURED_PROPOSALS proposals (a long hint runs eagerly) and, for the
+        prompt's step, a prompt without previous text."""
+        opts = self.opts
+        return (not self.eager and not opts.profile_verify and not (mode == "baseline" and opts.temperature > 0)
+                and gamma <= MAX_CAPTURED_PROPOSALS and pending <= MAX_CAPTURED_PROMPT)
+
+    def _replay_target(self, b: BatchState, ids, gamma: int, check_inputs, mode: str) -> dict[str, torch.Tensor]:
+        ws, steps = self.steps.ws, self.steps
+        start, length = ws.target.length, ids.shape[1]
+        tensors = {"ids": ids, **state_tensors(b.rules), **check_inputs}
+        if b.generated == 0:  # the prompt's step: also P(<|nospeech|>) at <|startoftranscript|>
+            key = ("first", ids.shape[0], length, gamma, mode, self.sot_index, *steps.key)
+            out = self.runner.run(key, steps.first_step, tensors, start, length, proposals=gamma, mode=mode,
+                                  sot_index=self.sot_index, no_speech_id=self.no_speech_id)
+            b.no_speech = out["no_speech"].clone()  # a graph's outputs are reused
+        else:
+            key = ("target", ids.shape[0], length, gamma, mode, *steps.key)
+            out = self.runner.run(key, steps.target_step, tensors, start, length, proposals=gamma,
+                                  generated=b.generated, mode=mode)
+        ws.target.length = start + length
+        self.timings.target_s += self.timings.lap()
+        return out
+
     def _first_step(self, b: BatchState, ids, p: Proposal, check_inputs, mode) -> dict[str, torch.Tensor]:
-        """The prompt's step (eager): also P(<|nospeech|>) at <|startoftranscript|>."""
+        """The prompt's step, eagerly: also P(<|nospeech|>) at <|startoftranscript|>."""
         ws, steps = self.steps.ws, self.steps
         hidden = steps.target.step(ws.target, ids)
         logits, sot_logits = steps.score_hidden(hidden, ids, p.gamma, b.rules, self.sot_index)
-        b.no_speech = torch.softmax(sot_logits.float(), dim=-1)[:, self.no_speech_id]
+        b.no_speech = no_speech_probability(sot_logits, self.no_speech_id)
         self.timings.target_s += self.timings.lap()
         return self._check(logits, ids[:, ids.shape[1] - p.gamma:], check_inputs, mode, p.gamma)
 

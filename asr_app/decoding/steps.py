@@ -40,6 +40,11 @@ def choose(logits: torch.Tensor, temperature: float, uniform: torch.Tensor | Non
     return inverse_cdf_sample(probs, probs, uniform)
 
 
+def no_speech_probability(sot_logits: torch.Tensor, no_speech_id: int) -> torch.Tensor:
+    """[B]: P(<|nospeech|>) from the target's raw logits at <|startoftranscript|> [B, V]."""
+    return torch.softmax(sot_logits.float(), dim=-1)[:, no_speech_id]
+
+
 def rule_state(generated: int, last_is_ts, penult_is_ts, last_ts) -> RuleState:
     return RuleState(generated, last_is_ts, penult_is_ts, last_ts)
 
@@ -109,6 +114,17 @@ class Steps:
         # log_softmax + gather: on a CPU twice as fast as a logsumexp over the vocabulary
         logprobs = target_logits.float().log_softmax(dim=-1).gather(-1, res.tokens.clamp_min(0)[..., None])[..., 0]
         return {"tokens": res.tokens, "num_accepted": res.num_accepted, "logprobs": logprobs}
+
+    def first_step(self, *, positions, span, mask, ids, last_is_ts, penult_is_ts, last_ts, num_draft,
+                   draft_logits=None, uniforms=None, proposals: int, mode: str, sot_index: int, no_speech_id: int
+                   ) -> dict[str, torch.Tensor]:
+        """The prompt's target step (nothing generated yet): `target_step`'s outputs and `no_speech`, the
+        target's P(<|nospeech|>) at <|startoftranscript|> [B]."""
+        hidden = self.target.forward(self.ws.target, ids, positions, span, mask)
+        logits, sot = self.score_hidden(hidden, ids, proposals, rule_state(0, last_is_ts, penult_is_ts, last_ts),
+                                        sot_index)
+        out = self.check(logits, ids[:, ids.shape[1] - proposals:], num_draft, draft_logits, uniforms, mode=mode)
+        return {**out, "no_speech": no_speech_probability(sot, no_speech_id)}
 
     def target_step(self, *, positions, span, mask, ids, last_is_ts, penult_is_ts, last_ts, num_draft,
                     draft_logits=None, uniforms=None, proposals: int, generated: int, mode: str
