@@ -39,7 +39,7 @@ from transformers import (
 )
 
 from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
-from asr_app.decoding.costs import StepTimer
+from asr_app.decoding.costs import DRAFT_CHAIN, StepTimer
 from asr_app.models import ModelPair, derive_draft
 from asr_app.runtime import DecoderRuntime
 from asr_app.runtime.vocab import ranked_subset
@@ -134,8 +134,8 @@ def transformers_ms_per_token(pair: ModelPair, features, tokens: int, repeats: i
 
 def step_table(decoder: SpeculativeDecoder, gamma: int, repeats: int) -> dict:
     timer = StepTimer(decoder, repeats)
-    return {"target_ms": {k: 1e3 * timer.target(k) for k in range(1, gamma + 2)}, "draft_ms": 1e3 * timer.draft(),
-            "draft_latency_ms": 1e3 * timer.draft(chained=1)}
+    return {"target_ms": {k: 1e3 * timer.target(k) for k in range(1, gamma + 2)},
+            "draft_ms": 1e3 * timer.draft(chained=DRAFT_CHAIN), "draft_latency_ms": 1e3 * timer.draft(chained=1)}
 
 
 def verify_in_graph_us(device: torch.device, dtype: torch.dtype) -> float | None:

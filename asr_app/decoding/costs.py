@@ -4,7 +4,7 @@ Run once per decoder, on a synthetic window (a random encoder output of the real
 draft step and the target step over k tokens go through the same step functions, runner and capture
 keys as the decoding loop, so on a GPU this also captures the batch-1 graphs the loop will replay. Each
 figure is a median over repeats, with the device synchronised around every target call, and around a few
-draft calls in a row (the loop queues a step's drafts without syncs). bench/runtime_bench.py uses the same
+draft calls in a row on a GPU (the loop queues a step's drafts without syncs). bench/runtime_bench.py uses the same
 timer for its per-step table.
 """
 
@@ -74,9 +74,12 @@ class StepTimer:
                 times.append((time.perf_counter() - t0) / chained)
         return statistics.median(times)
 
-    def draft(self, chained: int = DRAFT_CHAIN) -> float:
+    def draft(self, chained: int | None = None) -> float:
         """One draft step. The loop queues a step's drafts back to back with no sync between them, so on a GPU a
-        draft costs its device time once the host runs ahead, not its latency: timed `chained` in a row."""
+        draft costs its device time once the host runs ahead, not its latency: timed `chained` in a row
+        (default DRAFT_CHAIN on a GPU, 1 elsewhere: a CPU runs each call to its end, there is no queue)."""
+        if chained is None:
+            chained = DRAFT_CHAIN if self.device.type == "cuda" else 1
         return self._timed(self.draft_call(), chained)
 
     def target(self, width: int) -> float:
