@@ -62,20 +62,6 @@ def step_kernels(args, device, dtype) -> tuple[str, dict]:
     return "\n".join(out), data
 
 
-def graph_replay(fn):
-    """fn captured in a CUDA graph (after two warm-up calls on a side stream), returned as its replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 GEOMETRIES = ((1024, 4), (1024, 2), (1024, 1), (512, 4), (512, 2), (512, 1), (2048, 1), (2048, 2), (4096, 1))
 
 
@@ -83,7 +69,7 @@ def verify_section(device, rows: int) -> tuple[str, dict]:
     """The exact verification (B=1, g=5, V=51864, fp16): its kernels, and its graph replay per launch
     geometry (tile width x tiles per program)."""
     import triton.testing
-    from verify_bench import make_inputs
+    from verify_bench import graph_replay, make_inputs
 
     from asr_app.kernels import VerifyRandomness
     from asr_app.kernels.exact import verify_exact_triton

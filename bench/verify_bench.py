@@ -88,15 +88,21 @@ def graphed_fn(mode, target, draft, tokens, num_draft, generator):
         return verify(target, draft, tokens, num_draft, mode, 1.0, -1e3, 1e3,
                       randomness=VerifyRandomness(uniforms), check_values=False)
 
+    return graph_replay(call)
+
+
+def graph_replay(fn):
+    """fn captured in a CUDA graph, returned as its replay. Two warm-up calls on a side stream first (they
+    compile the Triton kernels outside the capture)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(2):  # compiles the kernels outside the capture
-            call()
+        for _ in range(2):
+            fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        call()
+        fn()
     return graph.replay
 
 
