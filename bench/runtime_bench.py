@@ -159,42 +159,55 @@ def real_clips() -> list:
     return [load_audio(f) for f in files]
 
 
-def real_rows(models: Path, device: torch.device, dtype: torch.dtype, repeats: int) -> dict:
-    """The real tiny.en pair on the 13 clips, greedy, batch 1: per configuration the decoding loop's and the
-    whole decode's ms/token (sums over clips of per-clip medians), tokens per target call, == `off`."""
+def load_real_pair(models: Path, device: torch.device, dtype: torch.dtype) -> ModelPair:
+    """The real tiny.en pair from a folder holding whisper-tiny.en and distil-tiny.en-draft."""
     from asr_app.models import load_pair
 
-    pair = load_pair(target=str(models / "whisper-tiny.en"), draft=str(models / "distil-tiny.en-draft"),
+    return load_pair(target=str(models / "whisper-tiny.en"), draft=str(models / "distil-tiny.en-draft"),
                      device=str(device), dtype=dtype)
-    graphs = "off" if device.type == "cpu" else "auto"
-    decoders = {"eager": SpeculativeDecoder(pair, runtime=RuntimeOptions(cuda_graphs="off")),
-                "graphs": SpeculativeDecoder(pair, runtime=RuntimeOptions(cuda_graphs=graphs))}
-    configs = {"transformers assisted generate (hf)": ("eager", "hf"), "ours off (eager)": ("eager", "off"),
-               "ours exact (eager)": ("eager", "exact"), "ours off (graphs)": ("graphs", "off"),
-               "ours exact (graphs)": ("graphs", "exact"), "ours sigmoid (graphs)": ("graphs", "sigmoid")}
-    clips = real_clips()
-    for which, mode in configs.values():  # warm-up: graphs captured, step costs measured
-        decoders[which].decode(clips[0], DecodingOptions(mode=mode))
-    loop = {name: [[] for _ in clips] for name in configs}
-    whole = {name: [[] for _ in clips] for name in configs}
-    results = {name: [None] * len(clips) for name in configs}
+
+
+def interleaved_rows(runs: dict, clips: list, repeats: int) -> tuple[dict, dict]:
+    """`runs`: name -> (decoder, DecodingOptions). Every run decodes every clip, `repeats` rounds interleaved
+    (clip by clip, run by run, so load changes hit all alike). Per run: the decoding loop's and the whole
+    decode's ms/token (sums over clips of per-clip medians), tokens per target call; and per run the last
+    round's results."""
+    for decoder, opts in runs.values():  # warm-up: graphs captured, step costs measured
+        decoder.decode(clips[0], opts)
+    loop = {name: [[] for _ in clips] for name in runs}
+    whole = {name: [[] for _ in clips] for name in runs}
+    results = {name: [None] * len(clips) for name in runs}
     for _ in range(repeats):
         for i, clip in enumerate(clips):
-            for name, (which, mode) in configs.items():
-                r = decoders[which].decode(clip, DecodingOptions(mode=mode))[0]
+            for name, (decoder, opts) in runs.items():
+                r = decoder.decode(clip, opts)[0]
                 loop[name][i].append(r.stats.total_s - r.stats.encoder_s)
                 whole[name][i].append(r.stats.total_s)
                 results[name][i] = r
     rows = {}
-    for name in configs:
+    for name in runs:
         tokens = sum(r.stats.tokens_out for r in results[name])
         calls = sum(r.stats.target_calls for r in results[name])
-        rows[name] = {
-            "ms_per_token": 1e3 * sum(statistics.median(t) for t in loop[name]) / tokens,
-            "e2e_ms_per_token": 1e3 * sum(statistics.median(t) for t in whole[name]) / tokens,
-            "tokens": tokens, "tokens_per_target_call": tokens / calls if calls else None,
-            "identical_to_off": all(a.tokens == b.tokens for a, b in zip(results[name], results["ours off (eager)"])),
-        }
+        rows[name] = {"ms_per_token": 1e3 * sum(statistics.median(t) for t in loop[name]) / tokens,
+                      "e2e_ms_per_token": 1e3 * sum(statistics.median(t) for t in whole[name]) / tokens,
+                      "tokens": tokens, "tokens_per_target_call": tokens / calls if calls else None}
+    return rows, results
+
+
+def real_rows(models: Path, device: torch.device, dtype: torch.dtype, repeats: int) -> dict:
+    """The real tiny.en pair on the 13 clips, greedy, batch 1, per configuration (interleaved_rows), and
+    whether its tokens equal `off`'s."""
+    pair = load_real_pair(models, device, dtype)
+    graphs = "off" if device.type == "cpu" else "auto"
+    eager = SpeculativeDecoder(pair, runtime=RuntimeOptions(cuda_graphs="off"))
+    graphed = SpeculativeDecoder(pair, runtime=RuntimeOptions(cuda_graphs=graphs))
+    configs = {"transformers assisted generate (hf)": (eager, "hf"), "ours off (eager)": (eager, "off"),
+               "ours exact (eager)": (eager, "exact"), "ours off (graphs)": (graphed, "off"),
+               "ours exact (graphs)": (graphed, "exact"), "ours sigmoid (graphs)": (graphed, "sigmoid")}
+    rows, results = interleaved_rows({name: (decoder, DecodingOptions(mode=mode))
+                                      for name, (decoder, mode) in configs.items()}, real_clips(), repeats)
+    for name, row in rows.items():
+        row["identical_to_off"] = all(a.tokens == b.tokens for a, b in zip(results[name], results["ours off (eager)"]))
     return rows
 
 

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import torch
-from runtime_bench import RESULTS, decoder_for, random_pair, real_clips
+from runtime_bench import RESULTS, decoder_for, interleaved_rows, load_real_pair, random_pair, real_clips
 from torch.profiler import ProfilerActivity, profile
 
 from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
@@ -108,29 +107,14 @@ def host_table(decoder, clip, mode: str, rows: int) -> tuple[str, dict]:
 
 
 def fixed_gamma_loop(decoder, clips, repeats: int) -> dict:
-    """Loop ms/token (sum over clips of per-clip medians) per fixed gamma and with the cost policy."""
+    """Loop ms/token and tokens per target call per fixed gamma and with the cost policy."""
     configs = {"off": DecodingOptions(mode="off"), "policy": DecodingOptions(mode="exact")}
     configs |= {f"gamma {g}": DecodingOptions(mode="exact", gamma=g) for g in range(1, 7)}
-    for opts in configs.values():
-        decoder.decode(clips[0], opts)
-    times = {name: [[] for _ in clips] for name in configs}
-    tokens = dict.fromkeys(configs, 0)
-    calls = dict.fromkeys(configs, 0)
-    for _ in range(repeats):
-        for i, clip in enumerate(clips):
-            for name, opts in configs.items():
-                st = decoder.decode(clip, opts)[0].stats
-                times[name][i].append(st.total_s - st.encoder_s)
-                tokens[name], calls[name] = st.tokens_out + tokens[name], st.target_calls + calls[name]
-    return {name: {"ms_per_token": 1e3 * sum(statistics.median(t) for t in times[name]) * repeats / tokens[name],
-                   "tokens_per_target_call": tokens[name] / calls[name]} for name in configs}
+    return interleaved_rows({name: (decoder, opts) for name, opts in configs.items()}, clips, repeats)[0]
 
 
 def real_section(args, device, dtype) -> tuple[str, dict]:
-    from asr_app.models import load_pair
-
-    pair = load_pair(target=str(args.real_models / "whisper-tiny.en"),
-                     draft=str(args.real_models / "distil-tiny.en-draft"), device=str(device), dtype=dtype)
+    pair = load_real_pair(args.real_models, device, dtype)
     decoder = SpeculativeDecoder(pair, runtime=RuntimeOptions())
     clips = real_clips()
     out, data = [], {}
