@@ -8,7 +8,13 @@ import math
 import sys
 from pathlib import Path
 
-from asr_app.decoding.options import DEFAULT_DRAFT_VOCAB, MODES, DecodingOptions, RuntimeOptions
+from asr_app.decoding.options import (
+    DEFAULT_DRAFT_VOCAB,
+    DRAFT_MATMUL_DTYPES,
+    MODES,
+    DecodingOptions,
+    RuntimeOptions,
+)
 from asr_app.languages import language_code
 from asr_app.models.defaults import hub_offline, hub_reachable, is_cached
 from asr_app.models.errors import ModelLoadError
@@ -93,6 +99,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB,
                        help=f"token ids the draft's output layer scores (default {DEFAULT_DRAFT_VOCAB}; 0 = all). "
                             "Changes speed and acceptance, never the output")
+    group.add_argument("--draft-matmul-dtype", choices=DRAFT_MATMUL_DTYPES, default=RuntimeOptions.draft_matmul_dtype,
+                       help=f"on a CPU, the draft's matrices: {', '.join(DRAFT_MATMUL_DTYPES)} (default "
+                            f"{RuntimeOptions.draft_matmul_dtype}, where the CPU supports it). Changes speed and "
+                            "acceptance, never the output")
     group.add_argument("--no-cuda-graphs", action="store_true",
                        help="on a GPU, launch every decoding step eagerly instead of replaying CUDA graphs")
     group.add_argument("--no-weight-packing", action="store_true",
@@ -198,6 +208,7 @@ def decoder_from_args(args: argparse.Namespace):
         log.warning("no draft model for '%s': decoding with the target only (mode off)", pair.target_name)
         options = options_from_args(args, mode="off", language=options.language)
     runtime = RuntimeOptions(draft_vocab=getattr(args, "draft_vocab", DEFAULT_DRAFT_VOCAB) or None,
+                             draft_matmul_dtype=getattr(args, "draft_matmul_dtype", RuntimeOptions.draft_matmul_dtype),
                              cuda_graphs="off" if getattr(args, "no_cuda_graphs", False) else "auto",
                              packed_weights=not getattr(args, "no_weight_packing", False),
                              keep_freed_memory=not getattr(args, "default_allocator", False))

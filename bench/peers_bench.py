@@ -6,10 +6,11 @@ order rotated from repeat to repeat, so load changes hit all alike. Engines:
 
 - `transformers`: `WhisperForConditionalGeneration.generate` (the same checkpoint our loader builds);
 - `faster-whisper fp32` / `int8`: faster-whisper (CTranslate2) on the offline extra's tiny.en;
-- ours `off` (target only) and `exact <K>` (speculative, the distilled draft with a K-token head, 0 = the
-  whole vocabulary; greedy verification), through `SpeculativeDecoder.decode`, feature extraction included
-  as for the others; with `--unpacked` also both on the models' own (not oneDNN-packed) weights and with
-  PyTorch's own attention in the encoder.
+- ours `off` (target only) and `exact <K> <dtype>` (speculative, the distilled draft with a K-token head, 0 =
+  the whole vocabulary, its matrices in `dtype`: `RuntimeOptions.draft_matmul_dtype`; greedy
+  verification), through `SpeculativeDecoder.decode`, feature extraction included as for the others; with
+  `--unpacked` also both on the models' own (not oneDNN-packed) weights and with PyTorch's own attention
+  in the encoder.
 
 Every engine's process runs with glibc's malloc set to keep freed memory (`runtime.allocator`, what our
 decoder does by default), so that no engine is measured with an allocator setting the others lack;
@@ -20,6 +21,7 @@ decoding loop alone (total minus feature extraction and encoder, from the decode
 Transcripts are scored against the references (WER after Whisper's English normaliser).
 
     python bench/peers_bench.py --repeats 5 --threads 2 --draft-vocab 16384 0 --unpacked
+    python bench/peers_bench.py --repeats 5 --threads 2 --draft-vocab 16384 32768 0 --draft-dtype int8 bfloat16
     python bench/peers_bench.py --repeats 5 --threads 2 --default-allocator --out bench/results/peers_bench_default_malloc.json
 """
 
@@ -39,6 +41,7 @@ import torch
 
 from asr_app.audio import load_audio
 from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
+from asr_app.decoding.options import DRAFT_MATMUL_DTYPES
 from asr_app.models import load_pair
 from asr_app.models.defaults import offline_model_dir
 from asr_app.runtime.allocator import keep_freed_memory
@@ -97,7 +100,8 @@ def our_engine(decoder: SpeculativeDecoder, mode: str):
 
 
 def build_engine(name: str, shared: Path, threads: int, keep_freed: bool = True):
-    """One engine by name: 'transformers', 'faster-whisper fp32|int8', 'ours off', 'ours exact <K>'."""
+    """One engine by name: 'transformers', 'faster-whisper fp32|int8', 'ours off', 'ours exact <K> <dtype>',
+    the last two with ' unpacked' appended for the models' own weights."""
     models = shared / "models"
     if name.startswith("faster-whisper"):
         return faster_whisper_engine(offline_model_dir(), name.split()[-1].replace("fp32", "float32"), threads)
@@ -109,7 +113,8 @@ def build_engine(name: str, shared: Path, threads: int, keep_freed: bool = True)
     settings = dict(packed_weights=packed, keep_freed_memory=keep_freed)
     if name == "ours off":
         return our_engine(SpeculativeDecoder(pair, runtime=RuntimeOptions(**settings)), "off")
-    runtime = RuntimeOptions(draft_vocab=int(name.split()[-1]) or None, **settings)
+    size, dtype = name.split()[-2:]
+    runtime = RuntimeOptions(draft_vocab=int(size) or None, draft_matmul_dtype=dtype, **settings)
     return our_engine(SpeculativeDecoder(pair, runtime=runtime), "exact")
 
 
@@ -203,6 +208,8 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--draft-vocab", type=int, nargs="+", default=[RuntimeOptions().draft_vocab],
                     help="draft head sizes to run `exact` with (0 = the whole vocabulary)")
+    ap.add_argument("--draft-dtype", nargs="+", default=[RuntimeOptions().draft_matmul_dtype],
+                    choices=DRAFT_MATMUL_DTYPES, help="draft matrix precisions to run `exact` with")
     ap.add_argument("--unpacked", action="store_true",
                     help="also run ours off / exact on the models' own weights (RuntimeOptions(packed_weights=False))")
     ap.add_argument("--default-allocator", action="store_true",
@@ -214,9 +221,9 @@ def main(argv=None) -> None:
         print(json.dumps(child(args.child, args.shared, args.threads, not args.default_allocator)))
         return
     names = ["transformers", "faster-whisper fp32", "faster-whisper int8", "ours off",
-             *(f"ours exact {size}" for size in args.draft_vocab)]
+             *(f"ours exact {size} {dtype}" for dtype in args.draft_dtype for size in args.draft_vocab)]
     if args.unpacked:
-        names += ["ours off unpacked", f"ours exact {args.draft_vocab[0]} unpacked"]
+        names += ["ours off unpacked", f"ours exact {args.draft_vocab[0]} {args.draft_dtype[0]} unpacked"]
     allocator = "glibc defaults" if args.default_allocator else "freed memory kept"
     print(f"13 clips, {args.repeats} repeats, {args.threads} threads, one process per engine and repeat, "
           f"malloc: {allocator}", flush=True)

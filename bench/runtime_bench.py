@@ -40,8 +40,8 @@ from transformers import (
 
 from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
 from asr_app.decoding.costs import DRAFT_CHAIN, StepTimer
+from asr_app.decoding.engine import draft_runtime
 from asr_app.models import ModelPair, derive_draft
-from asr_app.runtime import DecoderRuntime
 from asr_app.runtime.vocab import ranked_subset
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -91,9 +91,10 @@ def random_pair(shape: str, device: torch.device, dtype: torch.dtype) -> ModelPa
 
 
 def decoder_for(pair: ModelPair, graphs: str, draft_vocab: int) -> SpeculativeDecoder:
-    decoder = SpeculativeDecoder(pair, runtime=RuntimeOptions(draft_vocab=None, cuda_graphs=graphs))
+    runtime = RuntimeOptions(draft_vocab=None, cuda_graphs=graphs)
+    decoder = SpeculativeDecoder(pair, runtime=runtime)
     if draft_vocab < VOCAB:  # the random pair's tokenizer stand-in cannot be checked against the ranking
-        decoder.draft_runtime = DecoderRuntime.from_model(pair.draft, ranked_subset(VOCAB, EOS, draft_vocab))
+        decoder.draft_runtime = draft_runtime(pair.draft, ranked_subset(VOCAB, EOS, draft_vocab), runtime)
     return decoder
 
 

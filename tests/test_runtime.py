@@ -20,7 +20,16 @@ from asr_app.runtime import (
     draft_vocabulary,
     no_host_reads,
 )
-from asr_app.runtime.ops import full_attention, linear, merge_heads, onednn_packing_works, pack
+from asr_app.runtime.ops import (
+    Int8Weight,
+    full_attention,
+    int8_matmul_works,
+    linear,
+    merge_heads,
+    onednn_packing_works,
+    pack,
+    quantize_int8,
+)
 from asr_app.runtime.vocab import RANKING_FILE
 
 needs_onednn = pytest.mark.skipif(not onednn_packing_works(), reason="this torch build has no oneDNN linear ops")
@@ -128,21 +137,64 @@ def test_bf16_packing_keeps_the_callers_dtype():
     assert 0 < (out - reference).abs().max() < 0.02 * reference.abs().max()  # bf16 rounding, not fp32's
 
 
+needs_int8 = pytest.mark.skipif(not int8_matmul_works(), reason="this CPU or torch build has no int8 x bf16 kernel")
+
+
+@needs_int8
+def test_int8_weights_match_their_dequantised_matrix_at_every_row_count():
+    generator = torch.Generator().manual_seed(3)
+    for n, k in [(1152, 384), (384, 1536), (16384, 384)]:
+        weight, bias = torch.randn(n, k, generator=generator) / 20, torch.randn(n, generator=generator)
+        packed = pack(weight, torch.int8)
+        assert isinstance(packed, Int8Weight) and packed.shape == (n, k) and packed.values.dtype == torch.int8
+        dequantised = packed.values.float() * packed.scales.float()[:, None]
+        # within half a step of the row's scale: the rounding is right, not merely the magnitude
+        assert ((dequantised - weight).abs() <= packed.scales.float()[:, None] * 0.502).all()
+        assert packed.max_rows == (4 if n * k <= 1 << 20 else 1)
+        x = torch.randn(2, 3, k, generator=generator)
+        reference = torch.nn.functional.linear(x, dequantised, bias)
+        for rows in (1, packed.max_rows, packed.max_rows + 1, 6):  # the int8 kernel, then the bf16 copy
+            flat = x.reshape(6, k)[:rows]
+            for activation, expected in ((None, reference), ("gelu", torch.nn.functional.gelu(reference))):
+                out = linear(flat, packed, bias, activation)
+                assert out.dtype == torch.float32 and out.shape == (rows, n)
+                error = (out - expected.reshape(6, n)[:rows]).abs().max()
+                assert error < 0.02 * expected.abs().max(), (n, k, rows, activation, error)
+        assert linear(x, packed, bias).shape == (2, 3, n)  # leading dimensions kept
+        assert linear(x[:, :0], packed).shape == (2, 0, n)
+
+
+@needs_int8
+def test_int8_quantisation_keeps_zero_rows_and_extremes():
+    weight = torch.zeros(4, 8)
+    weight[1, 3], weight[2] = -5.0, torch.linspace(-1, 1, 8)
+    packed = quantize_int8(weight)
+    assert packed.values[0].eq(0).all() and packed.values[1, 3] == -127 and packed.values[2].abs().max() == 127
+    assert torch.isfinite(linear(torch.ones(1, 8), packed)).all()
+
+
 @torch.inference_mode()
 def test_draft_matmul_dtype_changes_speed_not_tokens(tiny_en_pair):
     from conftest import JFK_FLAC
 
     clip = load_clip(JFK_FLAC)
-    bf16 = SpeculativeDecoder(tiny_en_pair)
+    default = SpeculativeDecoder(tiny_en_pair)
+    bf16 = SpeculativeDecoder(tiny_en_pair, runtime=RuntimeOptions(draft_matmul_dtype="bfloat16"))
     same = SpeculativeDecoder(tiny_en_pair, runtime=RuntimeOptions(draft_matmul_dtype="same"))
+    if int8_matmul_works():
+        assert isinstance(default.draft_runtime.head.weight, Int8Weight)
+        assert isinstance(default.draft_runtime.weights.layers[0].fc1[0], Int8Weight)
     if onednn_packing_works(torch.bfloat16):
         assert bf16.draft_runtime.head.weight.dtype == torch.bfloat16
     assert same.draft_runtime.head.weight.dtype == torch.float32
-    assert bf16.target_runtime.head.weight.dtype == torch.float32  # the target is never reduced
-    off = bf16.decode(clip, DecodingOptions(mode="off"))[0].tokens
-    for decoder in (bf16, same):
-        result = decoder.decode(clip, DecodingOptions(mode="exact"))[0]
-        assert result.tokens == off and result.stats.accepted > 0
+    for decoder in (default, bf16):  # the target is never reduced
+        assert decoder.target_runtime.head.weight.dtype == torch.float32
+        assert not isinstance(decoder.target_runtime.weights.layers[0].fc1[0], Int8Weight)
+    for timestamps in (False, True):
+        off = default.decode(clip, DecodingOptions(mode="off", timestamps=timestamps))[0].tokens
+        for decoder in (default, bf16, same):
+            result = decoder.decode(clip, DecodingOptions(mode="exact", timestamps=timestamps))[0]
+            assert result.tokens == off and result.stats.accepted > 0
 
 
 @torch.inference_mode()

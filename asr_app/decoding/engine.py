@@ -47,6 +47,13 @@ from asr_app.runtime.allocator import keep_freed_memory
 DRAFT_END_FRAMES = 16
 
 
+def draft_runtime(draft, head_ids: torch.Tensor | None, runtime: RuntimeOptions) -> DecoderRuntime:
+    """The draft's decoder runtime: its head over `head_ids` (None: every id), its matrices packed in
+    `runtime.draft_matmul_dtype` where the device supports it (`ops.pack`)."""
+    matmul_dtype = {"bfloat16": torch.bfloat16, "int8": torch.int8}.get(runtime.draft_matmul_dtype)
+    return DecoderRuntime.from_model(draft, head_ids, runtime.packed_weights, matmul_dtype)
+
+
 class SpeculativeDecoder:
     def __init__(self, pair, options: DecodingOptions = DecodingOptions(),
                  runtime: RuntimeOptions = RuntimeOptions()) -> None:
@@ -75,8 +82,7 @@ class SpeculativeDecoder:
         if self.draft is not None:
             head_ids = (draft_vocabulary(self.tokenizer, self.vocab, self.eos, runtime.draft_vocab)
                         if runtime.draft_vocab else None)
-            matmul_dtype = torch.bfloat16 if runtime.draft_matmul_dtype == "bfloat16" else None
-            self.draft_runtime = DecoderRuntime.from_model(self.draft, head_ids, packed, matmul_dtype)
+            self.draft_runtime = draft_runtime(self.draft, head_ids, runtime)
             if not pair.shared_encoder:
                 self.draft_encoder = EncoderRuntime.from_model(self.draft, packed)
         self._rules: dict[tuple, WhisperLogitRules] = {}

@@ -10,7 +10,9 @@ MODES: tuple[str, ...] = ("off", "hf", "baseline", "exact", "sigmoid")
 SPECULATIVE_MODES: tuple[str, ...] = ("baseline", "exact", "sigmoid")  # our loop with a draft model
 GraphSetting = Literal["auto", "off", "emulate"]
 GammaSetting = Literal["cost", "heuristic"]
-DEFAULT_DRAFT_VOCAB = 16384  # bench/peers_bench.py: the fastest of 8192, 16384 and the whole vocabulary on a CPU
+# bench/peers_bench.py on a CPU: with int8 draft matrices the fastest of 16384, 32768 and the whole vocabulary
+DEFAULT_DRAFT_VOCAB = 32768
+DRAFT_MATMUL_DTYPES: tuple[str, ...] = ("bfloat16", "int8", "same")
 
 
 @dataclass(frozen=True)
@@ -60,10 +62,11 @@ class RuntimeOptions:
     # Set glibc's malloc to keep freed memory for reuse (runtime.allocator, process-wide, once): a process
     # that maps and unmaps its activations at every window and step spends its time in the kernel.
     keep_freed_memory: bool = True
-    # The draft's packed matrices in bf16 where the CPU multiplies bf16 natively ("bfloat16", the default), or
-    # in the draft's own dtype ("same"). Its activations, caches and attention stay in its dtype. The draft's
-    # precision changes its acceptance and the speed, never the output (verification decides).
-    draft_matmul_dtype: str = "bfloat16"
+    # The draft's matrices on a CPU: "int8" (the default: int8 values with a scale per row, bf16 activations,
+    # where the CPU and torch build run it, else bf16), "bfloat16" (packed in bf16 where the CPU multiplies it
+    # natively), or "same" (the draft's own dtype). Its activations, caches and attention stay in its dtype.
+    # The draft's precision changes its acceptance and the speed, never the output (verification decides).
+    draft_matmul_dtype: str = "int8"
     # Where steps run eagerly, the draft cross-attends only to the window's audio plus this margin (seconds),
     # not to the padding that fills a short clip's window to 30 s: its cross K/V are computed for those
     # frames only, and each draft step reads fewer bytes. None: the whole window. The target always sees the
@@ -74,8 +77,9 @@ class RuntimeOptions:
     def __post_init__(self) -> None:
         if self.cuda_graphs not in ("auto", "off", "emulate"):
             raise ValueError(f"cuda_graphs must be auto, off or emulate, got {self.cuda_graphs!r}")
-        if self.draft_matmul_dtype not in ("bfloat16", "same"):
-            raise ValueError(f"draft_matmul_dtype must be bfloat16 or same, got {self.draft_matmul_dtype!r}")
+        if self.draft_matmul_dtype not in DRAFT_MATMUL_DTYPES:
+            raise ValueError(f"draft_matmul_dtype must be one of {', '.join(DRAFT_MATMUL_DTYPES)}, "
+                             f"got {self.draft_matmul_dtype!r}")
         if self.draft_audio_margin_s is not None and not self.draft_audio_margin_s >= 0:
             raise ValueError(f"draft_audio_margin_s must be >= 0 seconds or None, got {self.draft_audio_margin_s}")
         if self.draft_vocab is not None and self.draft_vocab < 1:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +12,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 # Up to this many rows a CPU fp32 projection with an unpacked weight runs as W @ x^T (see `linear`).
 SKINNY_ROWS = 16
 ACTIVATIONS = (None, "gelu")
+# How many rows an int8 weight multiplies through the int8 matrix-vector kernel (half the bytes of bf16, and
+# less fixed cost per call than oneDNN) before its bf16 copy is faster: the kernel reads the weight once per
+# row, which a small matrix (a layer's) affords for a few rows and a large one (the output layer) for one
+# (docs/runtime.md, "int8 draft").
+INT8_ROWS_SMALL, INT8_ROWS_LARGE = 4, 1
+INT8_SMALL_ELEMENTS = 1 << 20
 
 
 @functools.cache
@@ -33,7 +40,52 @@ def onednn_packing_works(dtype: torch.dtype = torch.float32) -> bool:
     return bool(torch.allclose(out.float(), F.linear(x, weight).float(), rtol=tolerance, atol=tolerance))
 
 
-def pack(weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+@dataclass(frozen=True)
+class Int8Weight:
+    """A weight [n, k] for a draft: int8 values with one scale per output row (symmetric, weight-only), and
+    the same matrix packed in bf16 for calls with more than `max_rows` rows (`linear` picks)."""
+
+    values: torch.Tensor  # int8 [n, k]
+    scales: torch.Tensor  # bf16 [n]: row i of the weight is values[i] * scales[i]
+    wide: torch.Tensor    # the dequantised matrix packed in bf16 (`pack`)
+    max_rows: int         # calls with more rows use `wide`
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.values.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.bfloat16  # what its products compute in
+
+
+@functools.cache
+def int8_matmul_works() -> bool:
+    """Whether this torch build and CPU run the int8 weight-only matrix-vector kernel with bf16 activations
+    (and bf16 through oneDNN, for the wide copy), checked once on a small case."""
+    if not (onednn_packing_works(torch.bfloat16) and hasattr(torch, "_weight_int8pack_mm")):
+        return False
+    generator = torch.Generator().manual_seed(0)
+    values = torch.randint(-127, 128, (24, 64), generator=generator, dtype=torch.int8)
+    scales, x = torch.rand(24, generator=generator) / 64, torch.randn(1, 64, generator=generator)
+    try:
+        out = torch._weight_int8pack_mm(x.bfloat16(), values, scales.bfloat16())
+    except (AttributeError, RuntimeError):
+        return False
+    reference = x.bfloat16().float() @ (values.float() * scales.bfloat16().float()[:, None]).T
+    return bool(torch.allclose(out.float(), reference, rtol=2e-2, atol=2e-2))
+
+
+def quantize_int8(weight: torch.Tensor) -> Int8Weight:
+    """`weight` [n, k] fp32 as int8 with a per-row scale (largest magnitude -> 127)."""
+    scales = (weight.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny).bfloat16()
+    values = torch.round(weight / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8)
+    dequantised = values.float() * scales.float()[:, None]
+    max_rows = INT8_ROWS_SMALL if weight.numel() <= INT8_SMALL_ELEMENTS else INT8_ROWS_LARGE
+    return Int8Weight(values.contiguous(), scales, pack(dequantised, torch.bfloat16), max_rows)
+
+
+def pack(weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor | Int8Weight:
     """`weight` [n, k] in the form `linear` reads fastest on its device: on a CPU in fp32, a copy
     pre-packed into oneDNN's blocked layout (a matrix library that packs per call reads a weight three
     times; oneDNN also runs AVX-512 where MKL keeps to AVX2 on AMD CPUs: docs/runtime.md). Elsewhere the
@@ -41,15 +93,22 @@ def pack(weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor
 
     `dtype=torch.bfloat16` packs an fp32 weight in bf16 where the CPU multiplies bf16 natively (half the
     bytes to stream; `linear` casts the activations in and out): for a draft, whose precision changes
-    its acceptance, never the output. Where bf16 is not supported the fp32 packing applies."""
+    its acceptance, never the output. Where bf16 is not supported the fp32 packing applies.
+
+    `dtype=torch.int8`: an `Int8Weight` where the CPU runs it (`int8_matmul_works`), else as bf16. Also for a
+    draft only: a decoding step multiplies one row per clip, and int8 halves the bytes it streams."""
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or not onednn_packing_works():
         return weight
+    if dtype == torch.int8:
+        if int8_matmul_works():
+            return quantize_int8(weight.detach())
+        dtype = torch.bfloat16
     if dtype == torch.bfloat16 and onednn_packing_works(torch.bfloat16):
         weight = weight.to(torch.bfloat16)
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tensor | None = None,
            activation: str | None = None) -> torch.Tensor:
     """activation(x [..., k] @ weight[n, k]^T (+ bias)); `weight` dense or from `pack`.
 
@@ -62,6 +121,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if isinstance(weight, Int8Weight):
+        return _int8_linear(x, weight, bias, activation)
     if weight.is_mkldnn:
         if x.dtype == weight.dtype:
             return _packed_linear(x, weight, bias, activation)
@@ -86,6 +147,21 @@ def _packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     out = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), weight, bias, activation or "none", [],
                                              "none" if activation else "")
     return out[:rows].reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None,
+                 activation: str | None) -> torch.Tensor:
+    """bf16 activations in, x's dtype out; the bias (in x's dtype) and GELU after the product."""
+    rows = x.numel() // x.shape[-1]
+    if rows > weight.max_rows or rows == 0:
+        return linear(x, weight.wide, None if bias is None else bias.to(torch.bfloat16), activation)
+    flat = x.reshape(rows, x.shape[-1]).to(torch.bfloat16)
+    out = torch._weight_int8pack_mm(flat, weight.values, weight.scales).to(x.dtype)
+    if bias is not None:
+        out = out + bias
+    if activation == "gelu":
+        out = F.gelu(out)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from asr_app.runtime.ops import pack
+from asr_app.runtime.ops import Int8Weight, pack
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,8 @@ def packed_pair(weights: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype |
     """(weight, bias) with the weight packed (`ops.pack`, in `dtype` where given and supported) and the
     bias in the packed weight's dtype."""
     packed = pack(weights[0], dtype)
+    if isinstance(packed, Int8Weight):  # adds its bias after the product, in the activations' dtype
+        return packed, weights[1]
     return packed, weights[1].to(packed.dtype)
 
 
