@@ -44,7 +44,8 @@ def resolve_draft_dtype(draft_dtype: str | torch.dtype | None, device: torch.dev
     The draft only proposes tokens and verification decides what is kept, so its precision changes its
     acceptance rate and the speed, never the output (greedy tokens, or the sampling distribution). A whole bf16
     draft was no faster on the CPU measured (its attention is slow in bf16: docs/decoding.md); the runtime's
-    default instead packs only the draft's matrices in bf16 (`RuntimeOptions.draft_matmul_dtype`).
+    default instead stores only the draft's matrices in int8 with bf16 activations
+    (`RuntimeOptions.draft_matmul_dtype`).
     """
     if draft_dtype in (None, "", "auto", "same"):
         return target_dtype
