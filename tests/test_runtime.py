@@ -3,6 +3,8 @@ draft head, and capture safety of the graph-captured steps (emulated on the CPU)
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from test_decoding_greedy import SPEC_MODES, load_clip
@@ -38,8 +40,10 @@ needs_onednn = pytest.mark.skipif(not onednn_packing_works(), reason="this torch
 def transformers_hidden(model, ids, encoder_hidden, cache=None):
     decoder = model.get_decoder()
     cache = cache if cache is not None else EncoderDecoderCache(DynamicCache(), DynamicCache())
-    out = decoder(input_ids=ids, encoder_hidden_states=encoder_hidden, past_key_values=cache, use_cache=True)
-    return out.last_hidden_state, out.past_key_values
+    # transformers 5.24 renamed the decoder's `past_key_values` to `cache` (the old name warns, then goes)
+    name = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    out = decoder(input_ids=ids, encoder_hidden_states=encoder_hidden, use_cache=True, **{name: cache})
+    return out.last_hidden_state, cache  # updated in place
 
 
 @pytest.fixture(scope="module")
