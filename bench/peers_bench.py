@@ -20,8 +20,7 @@ Per engine: RTFx (audio seconds / median compute seconds, summed over clips), an
 decoding loop alone (total minus feature extraction and encoder, from the decoder's own statistics).
 Transcripts are scored against the references (WER after Whisper's English normaliser).
 
-    python bench/peers_bench.py --repeats 5 --threads 2 --draft-vocab 16384 0 --unpacked
-    python bench/peers_bench.py --repeats 5 --threads 2 --draft-vocab 16384 32768 0 --draft-dtype int8 bfloat16
+    python bench/peers_bench.py --repeats 5 --threads 2 --draft-vocab 32768 16384 0 --draft-dtype int8 bfloat16 --unpacked
     python bench/peers_bench.py --repeats 5 --threads 2 --default-allocator --out bench/results/peers_bench_default_malloc.json
 """
 
