@@ -25,7 +25,8 @@ Hints (every mode but `hf`): tokens the caller expects to follow the prompt, typ
 decode of a streaming buffer that has since grown (Yang et al. 2023, "Inference with Reference"). In
 `off` the hint is a step's whole proposal; with a draft model, the draft proposes first and, where
 every row's drafts equal its hint, the hint's continuation is appended, so a hint only ever lengthens a
-step. A hint is a deterministic draft (q one-hot) verified exactly, so the output is unchanged. After a
+step. Eagerly on a CPU the draft stops after one token when that token is every row's hint's next: the
+hint then proposes the rest, and the draft steps that would mostly have repeated it are saved. A hint is a deterministic draft (q one-hot) verified exactly, so the output is unchanged. After a
 disagreement the tracker realigns (hints.py); at most HintTracker.MAX_STEPS steps per decode use it.
 Comparing drafts with the hint reads them on the host: one more read per step, paid only with hints.
 """
@@ -143,12 +144,15 @@ class SpeculativeLoop:
         gamma = self.policy.next(budget)
         if gamma == 0:
             return Proposal()
-        proposal = self._draft(b, gamma)
+        proposal = self._draft(b, gamma, hints)
         if hints is not None:
             proposal = self._extend_with_hint(b, proposal, hints, budget)
         return proposal
 
-    def _draft(self, b: BatchState, gamma: int) -> Proposal:
+    def _draft(self, b: BatchState, gamma: int, hints: list[list[int]] | None = None) -> Proposal:
+        """Up to `gamma` draft tokens; with `hints`, eagerly on a CPU (where reading a token costs nothing),
+        only one where every row's first draft is its hint's next token: the hint then proposes the rest, and
+        drafting on would mostly repeat it at a draft step each."""
         ws, steps = self.steps.ws, self.steps
         ids, state = b.history[:, self.draft_skip + ws.draft.length:], state_tensors(b.rules)
         batch = ids.shape[0]
@@ -171,8 +175,16 @@ class SpeculativeLoop:
             ids = token[:, None]
             if self.stop_at_eos and bool((token == self.eos).all()):
                 break
+            if j == 0 and hints is not None and self.stop_at_eos and self._hint_follows(b, token, hints):
+                break
         return Proposal(tokens=torch.stack(tokens, dim=1),
                         draft_logits=torch.stack(logits, dim=1) if logits else None, drafted=len(tokens))
+
+    @staticmethod
+    def _hint_follows(b: BatchState, token: torch.Tensor, hints: list[list[int]]) -> bool:
+        """Whether every active row's draft `token` [B] is its hint's next token (one host read)."""
+        drafted = token.tolist()
+        return all(hints[i][:1] == [drafted[i]] for i in b.active)
 
     def _hint_only(self, b: BatchState, hints: list[list[int]], budget: int) -> Proposal:
         count = min(min(len(hints[i]) for i in b.active), budget)
