@@ -26,8 +26,9 @@ decode of a streaming buffer that has since grown (Yang et al. 2023, "Inference 
 `off` the hint is a step's whole proposal; with a draft model, the draft proposes first and, where
 every row's drafts equal its hint, the hint's continuation is appended, so a hint only ever lengthens a
 step. Eagerly on a CPU the draft stops after one token when that token is every row's hint's next: the
-hint then proposes the rest, and the draft steps that would mostly have repeated it are saved. A hint is a deterministic draft (q one-hot) verified exactly, so the output is unchanged. After a
-disagreement the tracker realigns (hints.py); at most HintTracker.MAX_STEPS steps per decode use it.
+hint then proposes the rest, and the draft steps that would mostly have repeated it are saved. A hint is
+a deterministic draft (q one-hot) verified exactly, so the output is unchanged. After a disagreement
+the tracker realigns (hints.py); at most HintTracker.MAX_STEPS steps per decode use it.
 Comparing drafts with the hint reads them on the host: one more read per step, paid only with hints.
 """
 
@@ -118,9 +119,10 @@ class SpeculativeLoop:
         self.policy = policy
         self.device = steps.ws.target.self_k.device
         self.eager = self.runner.mode == "eager"
-        # Drafts after an EOS are never kept, so eagerly on a CPU drafting stops once every row drafted EOS
-        # (reading the token there costs nothing; on a GPU it would be a sync per draft).
-        self.stop_at_eos = self.eager and self.device.type == "cpu"
+        # Eagerly on a CPU reading a drafted token costs nothing (on a GPU it would be a sync per draft), so
+        # there drafting stops early: once every row drafted EOS (later drafts are never kept), and after one
+        # draft that every row's hint continues (the hint proposes the rest).
+        self.reads_are_free = self.eager and self.device.type == "cpu"
         self.timings = Timings()
         self._num_draft: dict[tuple[int, int], torch.Tensor] = {}
         self.verify_steps: list[tuple[int, float]] = []
@@ -173,9 +175,9 @@ class SpeculativeLoop:
                 logits.append(out["logits"] if self.eager else out["logits"].clone())
             state = {k: out[k] for k in ("last_is_ts", "penult_is_ts", "last_ts")}
             ids = token[:, None]
-            if self.stop_at_eos and bool((token == self.eos).all()):
+            if self.reads_are_free and bool((token == self.eos).all()):
                 break
-            if j == 0 and hints is not None and self.stop_at_eos and self._hint_follows(b, token, hints):
+            if self.reads_are_free and j == 0 and hints is not None and self._hint_follows(b, token, hints):
                 break
         return Proposal(tokens=torch.stack(tokens, dim=1),
                         draft_logits=torch.stack(logits, dim=1) if logits else None, drafted=len(tokens))

@@ -54,10 +54,6 @@ class Int8Weight:
     def shape(self) -> torch.Size:
         return self.values.shape
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.bfloat16  # what its products compute in
-
 
 @functools.cache
 def int8_matmul_works() -> bool:
@@ -154,7 +150,7 @@ def _int8_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None,
     """bf16 activations in, x's dtype out; the bias (in x's dtype) and GELU after the product."""
     rows = x.numel() // x.shape[-1]
     if rows > weight.max_rows or rows == 0:
-        return linear(x, weight.wide, None if bias is None else bias.to(torch.bfloat16), activation)
+        return linear(x, weight.wide, bias, activation)  # casts x and the bias to bf16, and back
     flat = x.reshape(rows, x.shape[-1]).to(torch.bfloat16)
     out = torch._weight_int8pack_mm(flat, weight.values, weight.scales).to(x.dtype)
     if bias is not None:
