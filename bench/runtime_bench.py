@@ -90,8 +90,8 @@ def random_pair(shape: str, device: torch.device, dtype: torch.dtype) -> ModelPa
     return ModelPair(target, draft, processor, device, dtype, True, f"random {shape}", "layers 0 and last")
 
 
-def decoder_for(pair: ModelPair, graphs: str, draft_vocab: int) -> SpeculativeDecoder:
-    runtime = RuntimeOptions(draft_vocab=None, cuda_graphs=graphs)
+def decoder_for(pair: ModelPair, graphs: str, draft_vocab: int, fused_layers: bool = False) -> SpeculativeDecoder:
+    runtime = RuntimeOptions(draft_vocab=None, cuda_graphs=graphs, fused_layers=fused_layers)
     decoder = SpeculativeDecoder(pair, runtime=runtime)
     if draft_vocab < VOCAB:  # the random pair's tokenizer stand-in cannot be checked against the ranking
         decoder.draft_runtime = draft_runtime(pair.draft, ranked_subset(VOCAB, EOS, draft_vocab), runtime)
@@ -195,9 +195,9 @@ def interleaved_rows(runs: dict, clips: list, repeats: int) -> tuple[dict, dict]
     return rows, results
 
 
-def real_rows(models: Path, device: torch.device, dtype: torch.dtype, repeats: int) -> dict:
+def real_rows(models: Path, device: torch.device, dtype: torch.dtype, repeats: int, fused_layers: bool = False) -> dict:
     """The real tiny.en pair on the 13 clips, greedy, batch 1, per configuration (interleaved_rows), and
-    whether its tokens equal `off`'s."""
+    whether its tokens equal `off`'s; with `fused_layers`, the graph rows with fused layers too."""
     pair = load_real_pair(models, device, dtype)
     graphs = "off" if device.type == "cpu" else "auto"
     eager = SpeculativeDecoder(pair, runtime=RuntimeOptions(cuda_graphs="off"))
@@ -205,10 +205,36 @@ def real_rows(models: Path, device: torch.device, dtype: torch.dtype, repeats: i
     configs = {"transformers assisted generate (hf)": (eager, "hf"), "ours off (eager)": (eager, "off"),
                "ours exact (eager)": (eager, "exact"), "ours off (graphs)": (graphed, "off"),
                "ours exact (graphs)": (graphed, "exact"), "ours sigmoid (graphs)": (graphed, "sigmoid")}
+    if fused_layers:
+        fused = SpeculativeDecoder(pair, runtime=RuntimeOptions(cuda_graphs=graphs, fused_layers=True))
+        configs |= {"ours off (graphs, fused layers)": (fused, "off"), "ours exact (graphs, fused layers)": (fused, "exact")}
     rows, results = interleaved_rows({name: (decoder, DecodingOptions(mode=mode))
                                       for name, (decoder, mode) in configs.items()}, real_clips(), repeats)
     for name, row in rows.items():
         row["identical_to_off"] = all(a.tokens == b.tokens for a, b in zip(results[name], results["ours off (eager)"]))
+    return rows
+
+
+def projection(steps: dict, gamma: int) -> dict:
+    """`exact` projected from step costs at the real pair's tokens per target call, against `off`."""
+    per_call = gamma * steps["draft_ms"] + steps["target_ms"][gamma + 1]
+    return {"tokens_per_call": PROJECTED_TOKENS_PER_CALL, "ms_per_token": per_call / PROJECTED_TOKENS_PER_CALL,
+            "speedup_vs_off": steps["target_ms"][1] / (per_call / PROJECTED_TOKENS_PER_CALL),
+            "target_wide_over_one": steps["target_ms"][gamma + 1] / steps["target_ms"][1],
+            "draft_over_target": steps["draft_ms"] / steps["target_ms"][1]}
+
+
+def loop_rows(pair: ModelPair, decoders: dict, features, args) -> dict:
+    """The decoding loop's ms/token: transformers, then per decoder (name -> SpeculativeDecoder) `off`, and
+    `exact` for the graph-captured ones."""
+    greedy = DecodingOptions(mode="off", max_new_tokens=args.tokens)
+    exact = DecodingOptions(mode="exact", max_new_tokens=args.tokens, gamma=args.gamma)
+    rows = {"transformers generate (eager)": {"ms_per_token": transformers_ms_per_token(pair, features, args.tokens,
+                                                                                       args.repeats)}}
+    for name, decoder in decoders.items():
+        rows[f"ours off ({name})"] = loop_ms_per_token(decoder, features, greedy, args.repeats)
+        if name != "eager":
+            rows[f"ours exact ({name})"] = loop_ms_per_token(decoder, features, exact, args.repeats)
     return rows
 
 
@@ -219,34 +245,27 @@ def run(args) -> dict:
     pair = random_pair(args.shape, device, dtype)
     build_s = time.perf_counter() - t0
     features = torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(0)).to(device, dtype)
-    greedy = DecodingOptions(mode="off", max_new_tokens=args.tokens)
-    graphed = decoder_for(pair, args.graphs, args.draft_vocab)
-    eager = decoder_for(pair, "off", args.draft_vocab)
-    loops = {
-        "transformers generate (eager)": {"ms_per_token": transformers_ms_per_token(pair, features, args.tokens,
-                                                                                   args.repeats)},
-        "ours off (eager)": loop_ms_per_token(eager, features, greedy, args.repeats),
-        f"ours off ({args.graphs} graphs)": loop_ms_per_token(graphed, features, greedy, args.repeats),
-        f"ours exact ({args.graphs} graphs)": loop_ms_per_token(
-            graphed, features, DecodingOptions(mode="exact", max_new_tokens=args.tokens, gamma=args.gamma),
-            args.repeats),
-    }
-    steps = {"graphs": step_table(graphed, args.gamma, args.repeats), "eager": step_table(eager, args.gamma, args.repeats)}
-    s = steps["graphs"]
-    real = real_rows(args.real_models, device, dtype, args.repeats) if args.real_models else None
-    per_call = args.gamma * s["draft_ms"] + s["target_ms"][args.gamma + 1]
+    decoders = {"eager": decoder_for(pair, "off", args.draft_vocab),
+                f"{args.graphs} graphs": decoder_for(pair, args.graphs, args.draft_vocab)}
+    if args.fused_layers:
+        decoders[f"{args.graphs} graphs, fused layers"] = decoder_for(pair, args.graphs, args.draft_vocab, True)
+    loops = loop_rows(pair, decoders, features, args)
+    steps = {"graphs": step_table(decoders[f"{args.graphs} graphs"], args.gamma, args.repeats),
+             "eager": step_table(decoders["eager"], args.gamma, args.repeats)}
+    if args.fused_layers:
+        steps["graphs, fused layers"] = step_table(decoders[f"{args.graphs} graphs, fused layers"], args.gamma, args.repeats)
+    real = real_rows(args.real_models, device, dtype, args.repeats, args.fused_layers) if args.real_models else None
     return {
         "config": {"shape": args.shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
                    else platform.processor() or "cpu", "dtype": args.dtype, "graphs": args.graphs,
                    "gamma": args.gamma, "draft_vocab": args.draft_vocab, "tokens": args.tokens,
                    "repeats": args.repeats, "torch": torch.__version__, "build_s": round(build_s, 1),
+                   "fused_layers": args.fused_layers,
                    "target_params_M": round(sum(p.numel() for p in pair.target.parameters()) / 1e6, 1)},
         "loops": loops, "steps": steps, "real_tiny_en": real,
         "verify_in_graph_us": verify_in_graph_us(device, dtype),
-        "projection": {"tokens_per_call": PROJECTED_TOKENS_PER_CALL, "ms_per_token": per_call / PROJECTED_TOKENS_PER_CALL,
-                       "speedup_vs_off": s["target_ms"][1] / (per_call / PROJECTED_TOKENS_PER_CALL),
-                       "target_wide_over_one": s["target_ms"][args.gamma + 1] / s["target_ms"][1],
-                       "draft_over_target": s["draft_ms"] / s["target_ms"][1]},
+        "projection": projection(steps["graphs"], args.gamma),
+        "projection_fused": projection(steps["graphs, fused layers"], args.gamma) if args.fused_layers else None,
     }
 
 
@@ -271,6 +290,11 @@ def markdown(report: dict) -> str:
               f"{p['draft_over_target']:.3f}",
               f"- projected `exact` at {p['tokens_per_call']} tokens per target call: {p['ms_per_token']:.3f} ms/token, "
               f"{p['speedup_vs_off']:.2f}x graph-captured `off`"]
+    if report.get("projection_fused"):
+        f = report["projection_fused"]
+        lines += [f"- with fused layers: target step g+1 / 1 token {f['target_wide_over_one']:.2f}x, draft / target "
+                  f"{f['draft_over_target']:.3f}, projected `exact` {f['ms_per_token']:.3f} ms/token, "
+                  f"{f['speedup_vs_off']:.2f}x fused `off`"]
     if report.get("real_tiny_en"):
         lines += ["", f"real tiny.en + distilled draft, 13 clips, {c['device']}, {c['dtype']}, batch 1, greedy", "",
                   "| configuration | loop ms/token | whole decode ms/token | tokens/target call | == off |",
@@ -314,6 +338,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--real-models", type=Path, default=None,
                     help="a folder with whisper-tiny.en and distil-tiny.en-draft: adds the real pair's rows")
+    ap.add_argument("--fused-layers", action="store_true",
+                    help="also every graph row with fused decoder layers (runtime/fused.py; a GPU, or TRITON_INTERPRET=1)")
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     args.dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")

@@ -50,13 +50,13 @@ def kernel_table(fn, device: torch.device, rows: int) -> tuple[str, dict]:
 
 def step_kernels(args, device, dtype) -> tuple[str, dict]:
     pair = random_pair(args.shape, device, dtype)
-    decoder = decoder_for(pair, "off", args.draft_vocab)  # eager: the profiler sees every kernel
+    decoder = decoder_for(pair, "off", args.draft_vocab, args.fused_layers)  # eager: the profiler sees every kernel
     timer = StepTimer(decoder, repeats=1)
     out, data = [], {}
     for name, fn in (("target k=1", timer.target_call(1)), (f"target k={args.gamma + 1}",
                      timer.target_call(args.gamma + 1)), ("draft", timer.draft_call())):
         text, figures = kernel_table(fn, device, args.rows)
-        out += [f"### {args.shape}: {name} step (eager)", "", text, ""]
+        out += [f"### {args.shape}: {name} step (eager{', fused layers' if args.fused_layers else ''})", "", text, ""]
         data[name] = figures
     return "\n".join(out), data
 
@@ -139,6 +139,7 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", type=int, default=15)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--real-models", type=Path, default=None)
+    ap.add_argument("--fused-layers", action="store_true", help="profile the steps with fused decoder layers")
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -152,7 +153,7 @@ def main(argv=None) -> None:
         text += "\n" + more
     print(text)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = args.out_dir / f"step_profile_{args.shape}_{device.type}"
+    stem = args.out_dir / f"step_profile_{args.shape}_{device.type}{'_fused' if args.fused_layers else ''}"
     stem.with_suffix(".txt").write_text(text + "\n")
     stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
     print(f"wrote {stem}.txt and .json")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from asr_app.kernels import exact, greedy, sampling, sigmoid  # noqa: E402
+from asr_app.runtime import fused  # noqa: E402
 
 STRIDES = {"t_stride_b": "i32", "t_stride_c": "i32", "d_stride_b": "i32", "d_stride_c": "i32"}
 SIZES = {"vocab": "i32", "gamma": "i32", "num_splits": "i32"}
@@ -51,6 +52,21 @@ for flag in (False, True):
         "out_tokens_ptr": "*i64", "out_accepted_ptr": "*i64", **STRIDES, "tok_stride_b": "i32", **SIZES,
         "inv_temperature": "fp32", "alpha": "fp32", "inv_width": "fp32"},
         {"BLOCK_V": 1024, "TILES": 4, "SPLITS_BLOCK": 16, "OUT_BLOCK": 8, "SIGMOID": flag})
+
+# The fused decoder-layer kernels, in the shapes a decoding step launches them: one row (a token), a block of
+# rows (a speculative step's tokens x batch), with the norm prologue, GELU and residual epilogues.
+LINEAR = {"x_ptr": "*fp16", "w_ptr": "*fp16", "bias_ptr": "*fp16", "norm_w_ptr": "*fp16", "norm_b_ptr": "*fp16",
+          "out_ptr": "*fp16", "n_rows": "i32", "n_out": "i32", "k_in": "i32", "x_stride": "i32",
+          "out_stride": "i32", "eps": "fp32"}
+QKV = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "norm_w_ptr": "*bf16", "norm_b_ptr": "*bf16",
+       "positions_ptr": "*i64", "q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "n_rows": "i32",
+       "tokens": "i32", "width": "i32", "head_dim": "i32", "x_stride": "i32", "cache_stride_b": "i32",
+       "cache_stride_h": "i32", "cache_stride_p": "i32", "eps": "fp32", "q_scale": "fp32"}
+for rows, (block_n, block_k) in ((1, (16, 512)), (8, (8, 64))):
+    for norm, gelu, residual in ((True, True, False), (False, False, True)):
+        KERNELS[f"fused-linear-rows={rows}-norm={norm}-gelu={gelu}-residual={residual}"] = (fused._linear_kernel, LINEAR, {
+            "NORM": norm, "GELU": gelu, "RESIDUAL": residual, "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k})
+    KERNELS[f"fused-qkv-rows={rows}"] = (fused._qkv_kernel, QKV, {"BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k})
 
 
 def compile_all() -> None:

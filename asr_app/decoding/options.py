@@ -73,6 +73,10 @@ class RuntimeOptions:
     # whole window; the draft's view changes its acceptance and the speed, never the output. Captured graphs
     # keep the whole window (their shapes are fixed).
     draft_audio_margin_s: float | None = 1.0
+    # On a GPU, each decoder layer (target and draft) through the fused Triton kernels of runtime.fused: a
+    # layer's norms, biases, GELU, residual adds and cache writes inside its projections' launches. Off until
+    # it is measured on a GPU (docs/runtime.md, "Fused layers"). Changes speed, and values to float rounding.
+    fused_layers: bool = False
 
     def __post_init__(self) -> None:
         if self.cuda_graphs not in ("auto", "off", "emulate"):

@@ -33,7 +33,9 @@ except ImportError:  # pragma: no cover - exercised only where triton is not ins
             return _UnavailableKernel(fn) if fn is not None else _UnavailableKernel
 
     class _LanguageStandIn:
-        constexpr = object  # only used in annotations
+        @staticmethod
+        def constexpr(value=None):  # annotations, and module constants kernels read
+            return value
 
     triton = _TritonStandIn()  # type: ignore[assignment]
     tl = _LanguageStandIn()  # type: ignore[assignment]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from asr_app.runtime import fused
 from asr_app.runtime.ops import cross_attention, layer_norm, linear, merge_heads, split_heads, visible_keys
 from asr_app.runtime.vocab import OutputHead
 from asr_app.runtime.weights import DecoderWeights, LayerWeights, decoder_weights
@@ -50,21 +51,26 @@ class DecoderState:
 class DecoderRuntime:
     """A Whisper decoder (target or draft) run step by step by our own code, not transformers' modules."""
 
-    def __init__(self, weights: DecoderWeights, head: OutputHead | None = None) -> None:
+    def __init__(self, weights: DecoderWeights, head: OutputHead | None = None, fused_layers: bool = False) -> None:
         self.weights = weights
         self.head = head or OutputHead.full(weights.output)
+        self.fused_layers = fused_layers
 
     @classmethod
     def from_model(cls, model, head_ids: torch.Tensor | None = None, packed: bool = True,
-                   packed_dtype: torch.dtype | None = None) -> DecoderRuntime:
+                   packed_dtype: torch.dtype | None = None, fused_layers: bool = False) -> DecoderRuntime:
         """The runtime of `model`'s decoder; `head_ids`: score only these token ids (a reduced head);
         `packed`: weights pre-packed where that is faster (`ops.pack`), in `packed_dtype` where given
         and supported (a draft's matrices in bf16; activations, caches and attention keep the model's
-        dtype)."""
+        dtype). `fused_layers`: each layer through the fused Triton kernels (`runtime.fused`; a GPU, or
+        Triton's interpreter), on the model's own weights (no packing)."""
+        if fused_layers:
+            fused.check_supported(next(model.parameters()).device)
+            packed = False
         weights = decoder_weights(model, packed, packed_dtype)
         head = (OutputHead.full(weights.output, packed, packed_dtype) if head_ids is None
                 else OutputHead.subset(weights.output, head_ids, packed, packed_dtype))
-        return cls(weights, head)
+        return cls(weights, head, fused_layers)
 
     @property
     def max_positions(self) -> int:
@@ -111,8 +117,9 @@ class DecoderRuntime:
         if w.embed_scale != 1.0:
             x = x * w.embed_scale
         x = x + w.embed_positions[positions]
+        layer_step = self._fused_layer if self.fused_layers else self._layer
         for i, layer in enumerate(w.layers):
-            x = self._layer(x, layer, state, i, positions, span, mask, probe)
+            x = layer_step(x, layer, state, i, positions, span, mask, probe)
         return layer_norm(x, w.final_norm, w.eps)
 
     def cross_attention(self, encoder_hidden: torch.Tensor, ids: torch.Tensor,
@@ -152,6 +159,28 @@ class DecoderRuntime:
 
         h = layer_norm(x, layer.mlp_norm, w.eps)
         return x + linear(linear(h, *layer.fc1, activation="gelu"), *layer.fc2)
+
+    def _fused_layer(self, x, layer: LayerWeights, state: DecoderState, index: int, positions, span, mask,
+                     probe=None):
+        """`_layer` in 8 launches (`runtime.fused`); x, the residual stream, is updated in place."""
+        w = self.weights
+        keys, values = state.self_k[index], state.self_v[index]
+        q = fused.qkv(x, layer.qkv_weight, layer.qkv_bias, layer.self_norm, w.eps, w.query_scale, keys, values,
+                      positions)
+        attn = F.scaled_dot_product_attention(split_heads(q, w.heads), keys[:, :, :span], values[:, :, :span],
+                                              attn_mask=mask, scale=1.0)
+        fused.linear(merge_heads(attn), *layer.self_out, residual=x)
+
+        q = split_heads(fused.linear(x, *layer.cross_query, norm=layer.cross_norm, eps=w.eps), w.heads)
+        if w.query_scale != 1.0:
+            q = q * w.query_scale
+        attn = cross_attention(q, state.cross_k[index], state.cross_v[index])
+        if probe is not None and index in probe:
+            probe[index] = torch.softmax((q @ state.cross_k[index].transpose(-1, -2)).float(), dim=-1)
+        fused.linear(merge_heads(attn), *layer.cross_out, residual=x)
+
+        hidden = fused.linear(x, *layer.fc1, norm=layer.mlp_norm, eps=w.eps, activation="gelu")
+        return fused.linear(hidden, *layer.fc2, residual=x)
 
     def step(self, state: DecoderState, ids: torch.Tensor) -> torch.Tensor:
         """Eager convenience: append `ids` [B, L] after the cache's `length` tokens; hidden [B, L, d]."""

@@ -1,0 +1,159 @@
+"""The fused decoder-layer kernels (runtime/fused.py) against PyTorch, run by Triton's CPU interpreter: each
+kernel against its twin, the fused decoder step against the unfused one on the real tiny.en target, and
+decoding through fused layers against target-only decoding. (They compile for sm_90: test_kernels_compile.py;
+on a GPU, tests/test_gpu.py.)"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_decoding_greedy import load_clip
+
+from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
+from asr_app.kernels.triton_support import HAS_TRITON, triton_interpreting
+from asr_app.runtime import DecoderRuntime, fused
+from asr_app.runtime.ops import split_heads
+
+pytestmark = pytest.mark.skipif(not (HAS_TRITON and triton_interpreting()),
+                                reason="runs the kernels in Triton's CPU interpreter (TRITON_INTERPRET=1, set by conftest "
+                                       "without a GPU); on a GPU they are tested by test_gpu.py")
+
+FLAGS = [{}, {"norm": True}, {"norm": True, "activation": "gelu"}, {"residual": True}, {"norm": True, "residual": True}]
+
+
+def _tolerance(dtype: torch.dtype) -> dict:
+    # fp32: sums in another order; fp16: one unit in the last place of outputs up to ~8
+    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 8e-3, "rtol": 2e-3}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("rows", [1, 5, 17])  # one token; a speculative step's tokens; more than one row block
+def test_fused_linear_matches_its_pytorch_twin(dtype, rows):
+    generator = torch.Generator().manual_seed(rows)
+    k, n = 80, 300  # neither a multiple of the tiles
+    x = (torch.randn(rows, k, generator=generator) * 3 + 1).to(dtype)
+    weight, bias = (torch.randn(n, k, generator=generator) / 8).to(dtype), torch.randn(n, generator=generator).to(dtype)
+    norm = ((torch.rand(k, generator=generator) + 0.5).to(dtype), torch.randn(k, generator=generator).to(dtype))
+    stream = torch.randn(rows, n, generator=generator).to(dtype)
+    for flags in FLAGS:
+        kwargs = {"norm": norm if flags.get("norm") else None, "activation": flags.get("activation"), "eps": 1e-5}
+        expected = fused.linear_reference(x, weight, bias, **kwargs, residual=stream if flags.get("residual") else None)
+        residual = stream.clone() if flags.get("residual") else None
+        out = fused.linear(x, weight, bias, **kwargs, residual=residual)
+        torch.testing.assert_close(out, expected, **_tolerance(dtype), msg=lambda m, f=flags: f"{f}: {m}")
+        if residual is not None:
+            assert out is residual  # the residual stream is updated in place
+    # the twin itself is what the unfused step computes
+    torch.testing.assert_close(fused.linear_reference(x.float(), weight.float(), bias.float(), norm=(norm[0].float(), norm[1].float())),
+                               F.linear(F.layer_norm(x.float(), (k,), norm[0].float(), norm[1].float()), weight.float(), bias.float()))
+
+
+def test_fused_linear_checks_its_inputs():
+    x, weight, bias = torch.randn(2, 8), torch.randn(4, 8), torch.randn(4)
+    with pytest.raises(ValueError, match="width"):
+        fused.linear(torch.randn(2, 6), weight, bias)
+    with pytest.raises(ValueError, match="residual"):
+        fused.linear(x, weight, bias, residual=torch.randn(3, 4))
+    assert fused.linear(x[:0], weight, bias).shape == (0, 4)
+
+
+@pytest.fixture
+def tuned_launches(monkeypatch):
+    """The GPU's launch path (tile shapes tuned on the first call per shape) run by the interpreter, each trial
+    timed on the host: `fused` as it runs on a GPU, minus the device."""
+    trials = []
+
+    def host_timer(kernel_call, quantiles):
+        start = time.perf_counter()
+        kernel_call()
+        trials.append(time.perf_counter() - start)
+        return [1e3 * trials[-1]] * len(quantiles)
+
+    monkeypatch.setattr(fused, "_timed", host_timer)
+    monkeypatch.setattr(fused, "triton_interpreting", lambda: False)
+    fused._tuned.cache_clear()
+    yield trials
+    fused._tuned.cache_clear()
+
+
+def test_tuned_launches_add_the_residual_once_and_write_the_cache(tuned_launches):
+    # Tuning runs every candidate tile on the real arguments: the residual stream it updates in place must be
+    # restored between trials, or the first step of a decode would add each layer's output several times.
+    generator = torch.Generator().manual_seed(4)
+    x, weight, bias = torch.randn(3, 64, generator=generator), torch.randn(96, 64, generator=generator), torch.randn(96)
+    stream = torch.randn(3, 96, generator=generator)
+    residual = stream.clone()
+    fused.linear(x, weight, bias, residual=residual)
+    assert len(tuned_launches) == len(fused._configs(4))  # every candidate tried, on the first call only
+    torch.testing.assert_close(residual, fused.linear_reference(x, weight, bias, residual=stream), atol=1e-5, rtol=1e-5)
+    residual = stream.clone()
+    fused.linear(x, weight, bias, residual=residual)
+    assert len(tuned_launches) == len(fused._configs(4))
+    torch.testing.assert_close(residual, fused.linear_reference(x, weight, bias, residual=stream), atol=1e-5, rtol=1e-5)
+    keys, values = torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 16)
+    q = fused.qkv(torch.randn(1, 2, 32), torch.randn(96, 32), torch.randn(96), (torch.ones(32), torch.zeros(32)),
+                  1e-5, 1.0, keys, values, torch.tensor([3, 4]))
+    assert q.shape == (1, 2, 32) and keys[:, :, 3:5].abs().sum() > 0 and keys[:, :, :3].abs().sum() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_qkv_writes_keys_and_values_into_the_slots_of_their_positions(dtype):
+    generator = torch.Generator().manual_seed(3)
+    batch, tokens, heads, head_dim, slots = 2, 3, 4, 16, 12
+    width = heads * head_dim
+    x = torch.randn(batch, tokens, width, generator=generator).to(dtype)
+    weight = (torch.randn(3 * width, width, generator=generator) / 8).to(dtype)
+    bias = torch.randn(3 * width, generator=generator).to(dtype)
+    norm = ((torch.rand(width, generator=generator) + 0.5).to(dtype), torch.randn(width, generator=generator).to(dtype))
+    positions = torch.tensor([5, 6, 7])
+    keys, values = (torch.full((batch, heads, slots, head_dim), 7.0, dtype=dtype) for _ in range(2))
+
+    q = fused.qkv(x, weight, bias, norm, 1e-5, 0.5, keys, values, positions)
+
+    projected = fused.linear_reference(x, weight, bias, norm=norm)
+    expected_keys, expected_values = (torch.full_like(keys, 7.0) for _ in range(2))
+    expected_keys.index_copy_(2, positions, split_heads(projected[..., width:2 * width], heads))
+    expected_values.index_copy_(2, positions, split_heads(projected[..., 2 * width:], heads))
+    torch.testing.assert_close(q, (projected[..., :width].float() * 0.5).to(dtype), **_tolerance(dtype))
+    torch.testing.assert_close(keys, expected_keys, **_tolerance(dtype))
+    torch.testing.assert_close(values, expected_values, **_tolerance(dtype))
+    assert (keys[:, :, :5] == 7).all() and (values[:, :, 8:] == 7).all()  # no other slot is touched
+
+
+@torch.inference_mode()
+def test_fused_decoder_step_matches_the_unfused_one_and_rolls_back(tiny_en_pair):
+    target = tiny_en_pair.target
+    encoded = torch.randn(2, 1500, target.config.d_model, generator=torch.Generator().manual_seed(0))
+    plain, fused_rt = DecoderRuntime.from_model(target, packed=False), DecoderRuntime.from_model(target, fused_layers=True)
+    assert fused_rt.fused_layers and not plain.fused_layers
+    states = plain.new_state(encoded), fused_rt.new_state(encoded)
+    steps = [[[50257, 50362, 400], [50257, 50362, 500]], [[401], [501]], [[402, 403], [502, 503]]]
+    for ids in map(torch.tensor, steps):
+        torch.testing.assert_close(fused_rt.step(states[1], ids), plain.step(states[0], ids), atol=3e-4, rtol=1e-4)
+    torch.testing.assert_close(states[1].self_k[:, :, :, :6], states[0].self_k[:, :, :, :6], atol=1e-4, rtol=1e-4)
+    for state in states:
+        state.rollback(3)
+    ids = torch.tensor([[600, 601], [602, 603]])
+    torch.testing.assert_close(fused_rt.step(states[1], ids), plain.step(states[0], ids), atol=3e-4, rtol=1e-4)
+
+
+def test_decoding_through_fused_layers_gives_target_only_tokens(tiny_en_pair):
+    from conftest import JFK_FLAC
+
+    clip = load_clip(JFK_FLAC)
+    reference = SpeculativeDecoder(tiny_en_pair).decode(clip, DecodingOptions(mode="off"))[0]
+    decoder = SpeculativeDecoder(tiny_en_pair, runtime=RuntimeOptions(fused_layers=True, cuda_graphs="emulate"))
+    assert decoder.target_runtime.fused_layers and decoder.draft_runtime.fused_layers
+    for mode in ("off", "exact"):
+        result = decoder.decode(clip, DecodingOptions(mode=mode))[0]
+        assert result.tokens == reference.tokens, mode
+    assert result.stats.target_calls < len(result.tokens) / 2  # the fused draft speculates
+
+
+def test_fused_layers_are_refused_where_triton_cannot_run_them(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="CUDA GPU"):
+        fused.check_supported(torch.device("cpu"))
