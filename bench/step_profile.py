@@ -3,6 +3,9 @@
     python bench/step_profile.py --shape large-v2 --device cuda                       # kernels per step
     python bench/step_profile.py --shape tiny --device cuda --real-models DIR         # + real decodes
 
+With `--fused-layers` the steps run through fused decoder layers (runtime/fused.py), and on a GPU each
+large-v2 product is also timed as a fused launch against the unfused kernels it replaces.
+
 1. Random-weight pair of the chosen shape (bench/runtime_bench.py), batch 1, eager steps under the torch
    profiler: per step (target over 1 and g+1 tokens, draft) the kernels by total device time, their
    count and the sum. With CUDA graphs the host launches disappear, but each kernel still costs its
@@ -87,6 +90,51 @@ def verify_section(device, rows: int) -> tuple[str, dict]:
     return "\n".join(lines), sweep
 
 
+# large-v2's decoder matrices (out x in) and what the fused launch does around each product
+PRODUCTS = {"qkv 3840x1280 (norm)": (3840, 1280, "norm"), "out-proj 1280x1280 (+ residual)": (1280, 1280, "residual"),
+            "fc1 5120x1280 (norm + GELU)": (5120, 1280, "norm-gelu"), "fc2 1280x5120 (+ residual)": (1280, 5120, "residual")}
+PRODUCT_CALLS = 20  # back to back in one graph: a replay's gaps are counted, its launch is spread
+
+
+def product_calls(n: int, k: int, rows: int, kind: str, device, dtype) -> dict:
+    """The fused launch and the unfused kernels it replaces, as functions over the same random tensors."""
+    import torch.nn.functional as F
+
+    from asr_app.runtime import fused
+
+    x, w = torch.randn(rows, k, device=device, dtype=dtype), torch.randn(n, k, device=device, dtype=dtype) / 40
+    b, stream = torch.randn(n, device=device, dtype=dtype), torch.randn(rows, n, device=device, dtype=dtype)
+    g, s = torch.ones(k, device=device, dtype=dtype), torch.zeros(k, device=device, dtype=dtype)
+    if kind == "residual":
+        return {"fused": lambda: fused.linear(x, w, b, residual=stream),
+                "unfused": lambda: stream.add_(F.linear(x, w, b))}
+    gelu = kind == "norm-gelu"
+    return {"fused": lambda: fused.linear(x, w, b, norm=(g, s), activation="gelu" if gelu else None),
+            "unfused": lambda: (F.gelu if gelu else (lambda t: t))(F.linear(F.layer_norm(x, (k,), g, s), w, b)),
+            "cuBLAS product alone": lambda: F.linear(x, w, b)}
+
+
+def products_section(device, dtype) -> tuple[str, dict]:
+    """Each large-v2 product as the fused layers launch it against the unfused kernels, replayed from a CUDA
+    graph of PRODUCT_CALLS calls: µs per call and the weight's bytes per second."""
+    import triton.testing
+    from verify_bench import graph_replay
+
+    lines = ["### large-v2 products in a graph: fused launch vs unfused kernels (us per call, weight GB/s)", "",
+             "| product | rows | " + " | ".join(["fused", "unfused", "cuBLAS product alone"]) + " |", "|---|---|---|---|---|"]
+    data = {}
+    for name, (n, k, kind) in PRODUCTS.items():
+        for rows in (1, 6):
+            cells, data[f"{name}, rows {rows}"] = [], {}
+            for label, fn in product_calls(n, k, rows, kind, device, dtype).items():
+                replay = graph_replay(lambda f=fn: [f() for _ in range(PRODUCT_CALLS)])
+                us = 1e3 * triton.testing.do_bench(replay, warmup=25, rep=100, return_mode="median") / PRODUCT_CALLS
+                data[f"{name}, rows {rows}"][label] = us
+                cells.append(f"{us:.1f} ({n * k * dtype.itemsize / us / 1e3:.0f})")
+            lines.append(f"| {name} | {rows} | " + " | ".join(cells + ["-"] * (3 - len(cells))) + " |")
+    return "\n".join(lines), data
+
+
 def host_table(decoder, clip, mode: str, rows: int) -> tuple[str, dict]:
     opts = DecodingOptions(mode=mode)
     decoder.decode(clip, opts)
@@ -148,6 +196,9 @@ def main(argv=None) -> None:
     if device.type == "cuda":
         more, data["verify_geometry_us"] = verify_section(device, args.rows)
         text += "\n" + more + "\n"
+        if args.fused_layers:
+            more, data["products_us"] = products_section(device, dtype)
+            text += "\n" + more + "\n"
     if args.real_models:
         more, data["real"] = real_section(args, device, dtype)
         text += "\n" + more
