@@ -42,6 +42,9 @@ for _ in range(12):
 """
 
 
+SMALL = 0.01  # of a block (120 KiB): other allocations' noise in glibc's counts; a block is 1.0
+
+
 def _rounds(setting: str) -> list[tuple[float, float, float]]:
     proc = subprocess.run([sys.executable, "-c", PROBE, setting], capture_output=True, text=True, check=True)
     return [tuple(map(float, line.split())) for line in proc.stdout.splitlines()]
@@ -58,9 +61,12 @@ def test_freed_blocks_stay_in_the_heap_and_are_reused():
     assert mapped >= 2.0 and heap < 0.1
     # Kept: every pair comes from the heap, both blocks' bytes stay there when freed, and after a few
     # rounds the heap stops growing: later pairs reuse the same memory instead of asking for more.
+    # The counts are the whole heap's, so the interpreter's own small allocations in the loop can move them by
+    # a few KB either way: bounds exact to the byte failed once on CI (values not recorded; 18 runs here,
+    # 12 of them under load, read 2.0 and 3.0 blocks to two decimals), so they allow 1% of a block.
     kept = _rounds("keep")
-    assert all(mapped == 0.0 for _, _, mapped in kept)
-    assert all(heap >= 2.0 and free >= 2.0 for heap, free, _ in kept)
+    assert all(mapped == 0.0 for _, _, mapped in kept), kept
+    assert all(heap >= 2.0 - SMALL and free >= 2.0 - SMALL for heap, free, _ in kept), kept
     settled = [heap for heap, _, _ in kept[5:]]
-    assert max(settled) == min(settled)
+    assert max(settled) - min(settled) < SMALL, kept
     assert keep_freed_memory() is True  # once per process: a second call changes nothing and says so
