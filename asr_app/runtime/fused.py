@@ -66,7 +66,9 @@ def _product(x_ptr, w_ptr, norm_w_ptr, norm_b_ptr, rows, row_ok, cols, col_ok, x
     if NORM:
         mean, rstd = _row_stats(x_ptr, safe_rows, x_stride, k_in, eps, BLOCK_M, BLOCK_K)
     offs = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # Products summed element-wise across the walk and reduced over the depth once at the end: a reduction per
+    # step would exchange values between threads at every tile.
+    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, k_in, BLOCK_K):
         k = k0 + offs
         k_ok = k < k_in
@@ -78,8 +80,8 @@ def _product(x_ptr, w_ptr, norm_w_ptr, norm_b_ptr, rows, row_ok, cols, col_ok, x
             shift = tl.load(norm_b_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
             normed = (xk.to(tl.float32) - mean[:, None]) * rstd[:, None] * gain[None, :] + shift[None, :]
             xk = tl.where(x_ok, normed, 0.0).to(x_ptr.dtype.element_ty)
-        acc += tl.sum(xk.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-    return acc
+        acc += xk.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    return tl.sum(acc, axis=2)
 
 
 @triton.jit
