@@ -42,7 +42,7 @@ for _ in range(12):
 """
 
 
-SMALL = 0.01  # of a block (120 KiB): other allocations' noise in glibc's counts; a block is 1.0
+SMALL = 0.02  # of a block (245 KiB): glibc's top pad and other allocations in the heap's counts; a block is 1.0
 
 
 def _rounds(setting: str) -> list[tuple[float, float, float]]:
@@ -61,9 +61,9 @@ def test_freed_blocks_stay_in_the_heap_and_are_reused():
     assert mapped >= 2.0 and heap < 0.1
     # Kept: every pair comes from the heap, both blocks' bytes stay there when freed, and after a few
     # rounds the heap stops growing: later pairs reuse the same memory instead of asking for more.
-    # The counts are the whole heap's, so the interpreter's own small allocations in the loop can move them by
-    # a few KB either way: bounds exact to the byte failed once on CI (values not recorded; 18 runs here,
-    # 12 of them under load, read 2.0 and 3.0 blocks to two decimals), so they allow 1% of a block.
+    # The counts are deltas of the whole heap's: up to glibc's top pad (128 KiB, left free at the heap's end
+    # by earlier allocations) of the first pair can come from memory the heap already had, and the
+    # interpreter's own small allocations take a few KB; CI read 1.9915 blocks of growth and 1.9883 free.
     kept = _rounds("keep")
     assert all(mapped == 0.0 for _, _, mapped in kept), kept
     assert all(heap >= 2.0 - SMALL and free >= 2.0 - SMALL for heap, free, _ in kept), kept
