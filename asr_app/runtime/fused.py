@@ -26,6 +26,7 @@ is measured on a GPU.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 
@@ -157,10 +158,13 @@ def _timed(kernel_call, quantiles):
 
 @functools.cache
 def _tuned(kernel_name: str, block_m: int, restore: tuple[str, ...]):
-    """The kernel tuned per matrix shape within one row bucket (block_m): rows of one bucket share a tile."""
+    """The kernel tuned per matrix shape within one row bucket (block_m): rows of one bucket share a tile. The
+    choice is kept on disk where the installed Triton can (`cache_results`), so a new process does not tune
+    again; the bucket is part of the key, as two buckets may have the same candidates."""
     kernel = {"linear": _linear_kernel, "qkv": _qkv_kernel}[kernel_name]
-    key = ["k_in", "n_out"] if kernel_name == "linear" else ["width"]
-    return triton.autotune(_configs(block_m), key=key, restore_value=list(restore), do_bench=_timed)(kernel)
+    key = (["k_in", "n_out"] if kernel_name == "linear" else ["width"]) + ["BLOCK_M"]
+    disk = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+    return triton.autotune(_configs(block_m), key=key, restore_value=list(restore), do_bench=_timed, **disk)(kernel)
 
 
 def _launch(kernel_name: str, args: tuple, rows: int, columns: int, restore: tuple[str, ...], **flags) -> None:
