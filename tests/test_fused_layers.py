@@ -55,6 +55,8 @@ def test_fused_linear_checks_its_inputs():
     x, weight, bias = torch.randn(2, 8), torch.randn(4, 8), torch.randn(4)
     with pytest.raises(ValueError, match="width"):
         fused.linear(torch.randn(2, 6), weight, bias)
+    with pytest.raises(ValueError, match="must match"):
+        fused.linear(x.half(), weight, bias)
     with pytest.raises(ValueError, match="residual"):
         fused.linear(x, weight, bias, residual=torch.randn(3, 4))
     assert fused.linear(x[:0], weight, bias).shape == (0, 4)

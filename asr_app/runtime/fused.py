@@ -185,6 +185,8 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         raise TypeError("fused layers need dense weight matrices (the models' own, unpacked)")
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"input width {x.shape[-1]} does not match the weight's {weight.shape[1]}")
+    if x.dtype != weight.dtype or x.device != weight.device:
+        raise ValueError(f"input ({x.dtype}, {x.device}) and weight ({weight.dtype}, {weight.device}) must match")
     return x.reshape(-1, x.shape[-1]) if x.stride(-1) == 1 else x.reshape(-1, x.shape[-1]).contiguous()
 
 
