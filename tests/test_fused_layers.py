@@ -55,6 +55,8 @@ def test_fused_linear_checks_its_inputs():
     x, weight, bias = torch.randn(2, 8), torch.randn(4, 8), torch.randn(4)
     with pytest.raises(ValueError, match="width"):
         fused.linear(torch.randn(2, 6), weight, bias)
+    with pytest.raises(TypeError, match="contiguous"):
+        fused.linear(x, torch.randn(8, 4).T, bias)
     with pytest.raises(ValueError, match="must match"):
         fused.linear(x.half(), weight, bias)
     with pytest.raises(ValueError, match="residual"):

@@ -45,13 +45,13 @@ def _row_stats(x_ptr, rows, x_stride, k_in, eps, BLOCK_M: tl.constexpr, BLOCK_K:
     total = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, k_in, BLOCK_K):
         k = k0 + cols
-        ok = (rows[:, None] >= 0) & (k[None, :] < k_in)
+        ok = (rows[:, None] >= 0) & (k[None, :] < k_in)  # the column bound, as a [rows, columns] mask
         total += tl.sum(tl.load(x_ptr + rows[:, None] * x_stride + k[None, :], mask=ok, other=0.0).to(tl.float32), 1)
     mean = total / k_in
     squares = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, k_in, BLOCK_K):
         k = k0 + cols
-        ok = (rows[:, None] >= 0) & (k[None, :] < k_in)
+        ok = (rows[:, None] >= 0) & (k[None, :] < k_in)  # the column bound, as a [rows, columns] mask
         xk = tl.load(x_ptr + rows[:, None] * x_stride + k[None, :], mask=ok, other=0.0).to(tl.float32)
         centred = tl.where(ok, xk - mean[:, None], 0.0)
         squares += tl.sum(centred * centred, 1)
@@ -181,8 +181,8 @@ def _launch(kernel_name: str, args: tuple, rows: int, columns: int, restore: tup
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if not isinstance(weight, torch.Tensor) or weight.is_mkldnn or weight.dim() != 2:
-        raise TypeError("fused layers need dense weight matrices (the models' own, unpacked)")
+    if not isinstance(weight, torch.Tensor) or weight.is_mkldnn or weight.dim() != 2 or not weight.is_contiguous():
+        raise TypeError("fused layers need dense, contiguous weight matrices (the models' own, unpacked)")
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"input width {x.shape[-1]} does not match the weight's {weight.shape[1]}")
     if x.dtype != weight.dtype or x.device != weight.device:
