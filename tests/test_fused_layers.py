@@ -163,6 +163,15 @@ def test_decoding_through_fused_layers_gives_target_only_tokens_and_words(tiny_e
 
 
 def test_fused_layers_are_refused_where_triton_cannot_run_them(monkeypatch):
+    import argparse
+
+    from conftest import DISTIL_DRAFT_DIR, TINY_EN_DIR
+
+    from asr_app.arguments import add_model_args, decoder_from_args
+
+    args = add_model_args(argparse.ArgumentParser()).parse_args(
+        ["--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR), "--fused-layers"])
+    assert decoder_from_args(args).runtime.fused_layers  # the flag reaches the runtime (interpreter: allowed)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="CUDA GPU"):
-        fused.check_supported(torch.device("cpu"))
+        decoder_from_args(args)
