@@ -14,7 +14,11 @@ steady throughput test. Reported, batch 1, greedy:
 - the speedup of `exact` over graph-captured `off` projected at the real tiny.en pair's measured
   tokens per target call (3.96 with the distilled draft): target(1) / ((g * draft + target(g+1)) / 3.96).
 
+With `--fused-layers`, every graph-captured row again with fused decoder layers (runtime/fused.py), in the
+same run, so the two are compared under the same machine's speed.
+
     python bench/runtime_bench.py --shape large-v2 --device cuda          # on a lent GPU
+    python bench/runtime_bench.py --shape large-v2 --device cuda --fused-layers
     python bench/runtime_bench.py --shape tiny --device cpu --graphs emulate --tokens 32   # code path check
 
 Results go to bench/results/runtime_bench_<shape>_<device>.{json,md,png}.
