@@ -149,13 +149,8 @@ class DecoderRuntime:
         x = x + linear(merge_heads(attn), *layer.self_out)
 
         h = layer_norm(x, layer.cross_norm, w.eps)
-        q = split_heads(linear(h, *layer.cross_query), heads)
-        if w.query_scale != 1.0:
-            q = q * w.query_scale
-        attn = cross_attention(q, state.cross_k[index], state.cross_v[index])
-        if probe is not None and index in probe:  # the same scores SDPA used (q and k carry the scale)
-            probe[index] = torch.softmax((q @ state.cross_k[index].transpose(-1, -2)).float(), dim=-1)
-        x = x + linear(merge_heads(attn), *layer.cross_out)
+        attn = self._cross_attend(linear(h, *layer.cross_query), state, index, probe)
+        x = x + linear(attn, *layer.cross_out)
 
         h = layer_norm(x, layer.mlp_norm, w.eps)
         return x + linear(linear(h, *layer.fc1, activation="gelu"), *layer.fc2)
@@ -171,16 +166,22 @@ class DecoderRuntime:
                                               attn_mask=mask, scale=1.0)
         fused.linear(merge_heads(attn), *layer.self_out, residual=x)
 
-        q = split_heads(fused.linear(x, *layer.cross_query, norm=layer.cross_norm, eps=w.eps), w.heads)
-        if w.query_scale != 1.0:
-            q = q * w.query_scale
-        attn = cross_attention(q, state.cross_k[index], state.cross_v[index])
-        if probe is not None and index in probe:
-            probe[index] = torch.softmax((q @ state.cross_k[index].transpose(-1, -2)).float(), dim=-1)
-        fused.linear(merge_heads(attn), *layer.cross_out, residual=x)
+        queries = fused.linear(x, *layer.cross_query, norm=layer.cross_norm, eps=w.eps)
+        fused.linear(self._cross_attend(queries, state, index, probe), *layer.cross_out, residual=x)
 
         hidden = fused.linear(x, *layer.fc1, norm=layer.mlp_norm, eps=w.eps, activation="gelu")
         return fused.linear(hidden, *layer.fc2, residual=x)
+
+    def _cross_attend(self, queries: torch.Tensor, state: DecoderState, index: int, probe) -> torch.Tensor:
+        """Layer `index`'s cross-attention of `queries` [B, L, d] (projected, not yet scaled) over the window:
+        [B, L, d]. With the layer in `probe`, its attention probabilities are written there."""
+        q = split_heads(queries, self.weights.heads)
+        if self.weights.query_scale != 1.0:
+            q = q * self.weights.query_scale
+        attn = cross_attention(q, state.cross_k[index], state.cross_v[index])
+        if probe is not None and index in probe:  # the same scores SDPA used (q and k carry the scale)
+            probe[index] = torch.softmax((q @ state.cross_k[index].transpose(-1, -2)).float(), dim=-1)
+        return merge_heads(attn)
 
     def step(self, state: DecoderState, ids: torch.Tensor) -> torch.Tensor:
         """Eager convenience: append `ids` [B, L] after the cache's `length` tokens; hidden [B, L, d]."""

@@ -30,7 +30,7 @@ import inspect
 
 import torch
 
-from asr_app.kernels.triton_support import next_power_of_2, tl, triton, triton_interpreting
+from asr_app.kernels.triton_support import HAS_TRITON, next_power_of_2, tl, triton, triton_interpreting
 
 MAX_BLOCK_M = 16  # rows one program multiplies at once (a step's tokens x batch rows); more rows: more programs
 # Under the interpreter: the depth of a tile, and its largest [rows, columns, depth] size (Triton's limit).
@@ -139,6 +139,9 @@ def _qkv_kernel(
     tl.store(v_cache_ptr + slot, value, mask=ok & (section == 2)[None, :])
 
 
+_KERNELS = {"linear": _linear_kernel, "qkv": _qkv_kernel}
+
+
 def _configs(block_m: int) -> list:
     """Tile shapes tried on a GPU: a weight tile of 4-8K elements per program; fewer columns per program for
     more rows, to keep the [rows, columns, depth] product in registers."""
@@ -161,7 +164,7 @@ def _tuned(kernel_name: str, block_m: int, restore: tuple[str, ...]):
     """The kernel tuned per matrix shape within one row bucket (block_m): rows of one bucket share a tile. The
     choice is kept on disk where the installed Triton can (`cache_results`), so a new process does not tune
     again; the bucket is part of the key, as two buckets may have the same candidates."""
-    kernel = {"linear": _linear_kernel, "qkv": _qkv_kernel}[kernel_name]
+    kernel = _KERNELS[kernel_name]
     key = (["k_in", "n_out"] if kernel_name == "linear" else ["width"]) + ["BLOCK_M"]
     disk = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
     return triton.autotune(_configs(block_m), key=key, restore_value=list(restore), do_bench=_timed, **disk)(kernel)
@@ -170,7 +173,7 @@ def _tuned(kernel_name: str, block_m: int, restore: tuple[str, ...]):
 def _launch(kernel_name: str, args: tuple, rows: int, columns: int, restore: tuple[str, ...], **flags) -> None:
     block_m = min(MAX_BLOCK_M, next_power_of_2(rows))
     if triton_interpreting():  # programs run one after another in NumPy: few, wide ones
-        kernel = {"linear": _linear_kernel, "qkv": _qkv_kernel}[kernel_name]
+        kernel = _KERNELS[kernel_name]
         block_n = min(1024, next_power_of_2(columns), INTERPRETER_TILE // (block_m * INTERPRETER_DEPTH))
         grid = (triton.cdiv(columns, block_n), triton.cdiv(rows, block_m))
         kernel[grid](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=INTERPRETER_DEPTH)
@@ -187,7 +190,8 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"input width {x.shape[-1]} does not match the weight's {weight.shape[1]}")
     if x.dtype != weight.dtype or x.device != weight.device:
         raise ValueError(f"input ({x.dtype}, {x.device}) and weight ({weight.dtype}, {weight.device}) must match")
-    return x.reshape(-1, x.shape[-1]) if x.stride(-1) == 1 else x.reshape(-1, x.shape[-1]).contiguous()
+    flat = x.reshape(-1, x.shape[-1])
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *,
@@ -244,8 +248,6 @@ def linear_reference(x, weight, bias, *, norm=None, eps=1e-5, activation=None, r
 
 def check_supported(device: torch.device) -> None:
     """Fused layers run where Triton does: a CUDA GPU, or Triton's CPU interpreter (tests)."""
-    from asr_app.kernels.triton_support import HAS_TRITON
-
     if not HAS_TRITON:
         raise RuntimeError("fused layers need Triton, which is not installed")
     if torch.device(device).type != "cuda" and not triton_interpreting():
