@@ -4,7 +4,8 @@
     python bench/step_profile.py --shape tiny --device cuda --real-models DIR         # + real decodes
 
 With `--fused-layers` the steps run through fused decoder layers (runtime/fused.py), and on a GPU each
-large-v2 product is also timed as a fused launch against the unfused kernels it replaces.
+large-v2 product is also timed as a fused launch (the tuner's choice, and the fastest element-wise and
+tensor-core tiles it chose from, named) against the unfused kernels it replaces.
 
 1. Random-weight pair of the chosen shape (bench/runtime_bench.py), batch 1, eager steps under the torch
    profiler: per step (target over 1 and g+1 tokens, draft) the kernels by total device time, their
@@ -97,7 +98,8 @@ PRODUCT_CALLS = 20  # back to back in one graph: a replay's gaps are counted, it
 
 
 def product_calls(n: int, k: int, rows: int, kind: str, device, dtype) -> dict:
-    """The fused launch and the unfused kernels it replaces, as functions over the same random tensors."""
+    """The fused launch (tuned, and with each tile the tuner may choose: "tile: <tile_label>") and the unfused
+    kernels it replaces, as functions over the same random tensors."""
     import torch.nn.functional as F
 
     from asr_app.runtime import fused
@@ -106,32 +108,55 @@ def product_calls(n: int, k: int, rows: int, kind: str, device, dtype) -> dict:
     b, stream = torch.randn(n, device=device, dtype=dtype), torch.randn(rows, n, device=device, dtype=dtype)
     g, s = torch.ones(k, device=device, dtype=dtype), torch.zeros(k, device=device, dtype=dtype)
     if kind == "residual":
-        return {"fused": lambda: fused.linear(x, w, b, residual=stream),
-                "unfused": lambda: stream.add_(F.linear(x, w, b))}
-    gelu = kind == "norm-gelu"
-    return {"fused": lambda: fused.linear(x, w, b, norm=(g, s), activation="gelu" if gelu else None),
-            "unfused": lambda: (F.gelu if gelu else (lambda t: t))(F.linear(F.layer_norm(x, (k,), g, s), w, b)),
-            "cuBLAS product alone": lambda: F.linear(x, w, b)}
+        def launch(tile=None):
+            return lambda: fused.linear(x, w, b, residual=stream, tile=tile)
+
+        unfused = {"unfused": lambda: stream.add_(F.linear(x, w, b))}
+    else:
+        gelu = "gelu" if kind == "norm-gelu" else None
+
+        def launch(tile=None):
+            return lambda: fused.linear(x, w, b, norm=(g, s), activation=gelu, tile=tile)
+
+        unfused = {"unfused": lambda: (F.gelu if gelu else (lambda t: t))(F.linear(F.layer_norm(x, (k,), g, s), w, b)),
+                   "cuBLAS product alone": lambda: F.linear(x, w, b)}
+    bucket = min(fused.MAX_BLOCK_M, 1 << (rows - 1).bit_length())
+    tiles = {f"tile: {tile_label(tile)}": launch(tile) for tile in fused._configs(bucket)}
+    return {"fused": launch(), **tiles, **unfused}
+
+
+def tile_label(tile) -> str:
+    """"tensor cores 16x32x128/4w": the kind of tile, rows x columns x depth, warps."""
+    kind = "tensor cores" if tile.kwargs["DOT"] else "element-wise"
+    return f"{kind} {tile.kwargs['BLOCK_M']}x{tile.kwargs['BLOCK_N']}x{tile.kwargs['BLOCK_K']}/{tile.num_warps}w"
 
 
 def products_section(device, dtype) -> tuple[str, dict]:
-    """Each large-v2 product as the fused layers launch it against the unfused kernels, replayed from a CUDA
-    graph of PRODUCT_CALLS calls: µs per call and the weight's bytes per second."""
+    """Each large-v2 product as the fused layers launch it (the tuner's choice, and the fastest element-wise
+    and tensor-core tiles it had to choose from) against the unfused kernels, replayed from a CUDA graph of
+    PRODUCT_CALLS calls: µs per call and the weight's bytes per second."""
     import triton.testing
     from verify_bench import graph_replay
 
+    columns = ["fused (tuned)", "best element-wise tile", "best tensor-core tile", "unfused", "cuBLAS product alone"]
     lines = ["### large-v2 products in a graph: fused launch vs unfused kernels (us per call, weight GB/s)", "",
-             "| product | rows | " + " | ".join(["fused", "unfused", "cuBLAS product alone"]) + " |", "|---|---|---|---|---|"]
+             "| product | rows | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
     data = {}
     for name, (n, k, kind) in PRODUCTS.items():
         for rows in (1, 6):
-            cells, data[f"{name}, rows {rows}"] = [], {}
+            times = data[f"{name}, rows {rows}"] = {}
             for label, fn in product_calls(n, k, rows, kind, device, dtype).items():
                 replay = graph_replay(lambda f=fn: [f() for _ in range(PRODUCT_CALLS)])
-                us = 1e3 * triton.testing.do_bench(replay, warmup=25, rep=100, return_mode="median") / PRODUCT_CALLS
-                data[f"{name}, rows {rows}"][label] = us
-                cells.append(f"{us:.1f} ({n * k * dtype.itemsize / us / 1e3:.0f})")
-            lines.append(f"| {name} | {rows} | " + " | ".join(cells + ["-"] * (3 - len(cells))) + " |")
+                times[label] = 1e3 * triton.testing.do_bench(replay, warmup=25, rep=100, return_mode="median") / PRODUCT_CALLS
+            cells = {"fused (tuned)": (times["fused"], ""), "unfused": (times["unfused"], ""),
+                     "cuBLAS product alone": (times.get("cuBLAS product alone"), "")}
+            for family, prefix in (("element-wise", "tile: element-wise"), ("tensor-core", "tile: tensor cores")):
+                cells[f"best {family} tile"] = min((us, label[len("tile: "):]) for label, us in times.items()
+                                                   if label.startswith(prefix))
+            times["best tiles"] = {key: list(value) for key, value in cells.items() if key.startswith("best")}
+            lines.append(f"| {name} | {rows} | " + " | ".join(
+                "-" if us is None else f"{us:.1f} ({n * k * dtype.itemsize / us / 1e3:.0f}){' ' + why if why else ''}"
+                for us, why in (cells[c] for c in columns)) + " |")
     return "\n".join(lines), data
 
 

@@ -51,6 +51,40 @@ def test_fused_linear_matches_its_pytorch_twin(dtype, rows):
                                F.linear(F.layer_norm(x.float(), (k,), norm[0].float(), norm[1].float()), weight.float(), bias.float()))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("rows, bucket", [(1, 1), (5, 8)])  # one token; a speculative step's 5 tokens
+def test_every_tile_the_gpu_may_choose_computes_the_same(dtype, rows, bucket):
+    # On a GPU the tuner picks the fastest of `_configs(bucket)` per shape, so each candidate, element-wise or
+    # tensor-core (16 rows, the others masked), must give the twin's values; the interpreter's own tile is
+    # only one of them.
+    generator = torch.Generator().manual_seed(rows)
+    k, n, heads, head_dim = 600, 72, 2, 16  # the products walk several tiles deep, not a multiple of them
+    x = (torch.randn(rows, k, generator=generator) * 3 + 1).to(dtype)
+    weight, bias = (torch.randn(n, k, generator=generator) / 8).to(dtype), torch.randn(n, generator=generator).to(dtype)
+    norm = ((torch.rand(k, generator=generator) + 0.5).to(dtype), torch.randn(k, generator=generator).to(dtype))
+    stream = torch.randn(rows, n, generator=generator).to(dtype)
+    width = heads * head_dim
+    qkv_weight = (torch.randn(3 * width, width, generator=generator) / 8).to(dtype)
+    qkv_bias = torch.randn(3 * width, generator=generator).to(dtype)
+    projected = fused.linear_reference(x[None, :, :width], qkv_weight, qkv_bias, norm=(norm[0][:width], norm[1][:width]))
+    tiles = fused._configs(bucket)
+    assert {tile.kwargs["DOT"] for tile in tiles} == {False, True}
+    for tile in tiles:
+        def same(actual, expected, tile=tile):
+            torch.testing.assert_close(actual, expected, **_tolerance(dtype), msg=lambda m: f"{tile.kwargs}: {m}")
+
+        same(fused.linear(x, weight, bias, norm=norm, activation="gelu", tile=tile),
+             fused.linear_reference(x, weight, bias, norm=norm, activation="gelu"))
+        residual = stream.clone()
+        fused.linear(x, weight, bias, residual=residual, tile=tile)
+        same(residual, fused.linear_reference(x, weight, bias, residual=stream))
+        keys, values = (torch.zeros(1, heads, rows + 2, head_dim, dtype=dtype) for _ in range(2))
+        q = fused.qkv(x[None, :, :width].contiguous(), qkv_weight, qkv_bias, (norm[0][:width], norm[1][:width]), 1e-5,
+                      1.0, keys, values, torch.arange(2, rows + 2), tile=tile)
+        same(q, projected[..., :width])
+        same(values[:, :, 2:], split_heads(projected[..., 2 * width:], heads))
+
+
 def test_fused_linear_checks_its_inputs():
     x, weight, bias = torch.randn(2, 8), torch.randn(4, 8), torch.randn(4)
     with pytest.raises(ValueError, match="width"):

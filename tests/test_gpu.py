@@ -195,3 +195,25 @@ def test_fused_linear_on_the_gpu_at_large_v2_widths(rows):
     residual = stream.clone()
     fused.linear(h, w2, b2, residual=residual)
     torch.testing.assert_close(residual, fused.linear_reference(h, w2, b2, residual=stream), atol=1e-2, rtol=1e-2)
+
+
+GPU_TOLERANCE = {torch.float32: {"atol": 1e-4, "rtol": 1e-4},  # no TF32 in the tensor-core tiles
+                 torch.float16: {"atol": 1e-2, "rtol": 1e-2}, torch.bfloat16: {"atol": 6e-2, "rtol": 2e-2}}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows, bucket", [(1, 1), (6, 8)])
+def test_every_fused_tile_on_the_gpu_at_large_v2_widths(dtype, rows, bucket):
+    # The tuner may choose any candidate of the bucket for a shape: each must compute the twin's values on
+    # the device (the compiled element-wise and tensor-core code, not the interpreter's).
+    generator = torch.Generator(device=CUDA).manual_seed(rows)
+    width, hidden = 1280, 5120
+    x = torch.randn(rows, width, device=CUDA, generator=generator).to(dtype)
+    norm = ((torch.rand(width, device=CUDA, generator=generator) + 0.5).to(dtype),
+            torch.randn(width, device=CUDA, generator=generator).to(dtype))
+    weight = (torch.randn(hidden, width, device=CUDA, generator=generator) / 40).to(dtype)
+    bias = torch.randn(hidden, device=CUDA, generator=generator).to(dtype)
+    expected = fused.linear_reference(x, weight, bias, norm=norm, activation="gelu")
+    for tile in fused._configs(bucket):
+        out = fused.linear(x, weight, bias, norm=norm, activation="gelu", tile=tile)
+        torch.testing.assert_close(out, expected, **GPU_TOLERANCE[dtype], msg=lambda m, t=tile: f"{t}: {m}")

@@ -62,11 +62,17 @@ QKV = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "norm_w_ptr": "*
        "positions_ptr": "*i64", "q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "n_rows": "i32",
        "tokens": "i32", "width": "i32", "head_dim": "i32", "x_stride": "i32", "cache_stride_b": "i32",
        "cache_stride_h": "i32", "cache_stride_p": "i32", "eps": "fp32", "q_scale": "fp32"}
-for rows, (block_n, block_k) in ((1, (16, 512)), (8, (8, 64))):
+# Element-wise tiles (one row, 8 rows) and tensor-core tiles (16 rows; `tl.dot`).
+for rows, (block_n, block_k), dot in ((1, (16, 512), False), (8, (8, 64), False), (16, (32, 128), True)):
     for norm, gelu, residual in ((True, True, False), (False, False, True)):
-        KERNELS[f"fused-linear-rows={rows}-norm={norm}-gelu={gelu}-residual={residual}"] = (fused._linear_kernel, LINEAR, {
-            "NORM": norm, "GELU": gelu, "RESIDUAL": residual, "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k})
-    KERNELS[f"fused-qkv-rows={rows}"] = (fused._qkv_kernel, QKV, {"BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k})
+        KERNELS[f"fused-linear-rows={rows}-dot={dot}-norm={norm}-gelu={gelu}-residual={residual}"] = (
+            fused._linear_kernel, LINEAR, {"NORM": norm, "GELU": gelu, "RESIDUAL": residual, "DOT": dot,
+                                           "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k})
+    KERNELS[f"fused-qkv-rows={rows}-dot={dot}"] = (fused._qkv_kernel, QKV, {
+        "DOT": dot, "BLOCK_M": rows, "BLOCK_N": block_n, "BLOCK_K": block_k})
+# fp32 models take the tensor-core tile's full-precision ("ieee") product
+KERNELS["fused-linear-fp32-dot"] = (fused._linear_kernel, {**LINEAR, **{name: "*fp32" for name in LINEAR if name.endswith("_ptr")}}, {
+    "NORM": True, "GELU": False, "RESIDUAL": True, "DOT": True, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128})
 
 
 def compile_all() -> None:

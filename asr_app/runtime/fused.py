@@ -17,10 +17,10 @@ Rounding follows the unfused step: the normalised input is rounded to the activa
 product, the product plus bias to the output dtype before GELU and before the residual add. Sums run in fp32
 in another order than cuBLAS, so values agree to rounding, not bit for bit.
 
-On a GPU each product is a matrix-vector kernel (a handful of rows per step) whose tile shape is tuned on its
-first call per matrix shape and row bucket (`triton.autotune`, in the warm-up before a graph is captured);
-under Triton's CPU interpreter (tests) one fixed wide tile. Opt-in (`RuntimeOptions.fused_layers`) until it
-is measured on a GPU.
+On a GPU each product is a matrix-vector kernel (a handful of rows per step) whose tile, element-wise or on
+the tensor cores, is tuned on its first call per matrix shape and row bucket (`triton.autotune`, in the
+warm-up before a graph is captured); under Triton's CPU interpreter (tests) fixed wide tiles, element-wise
+for one row and tensor-core for more. Opt-in (`RuntimeOptions.fused_layers`) until it is measured on a GPU.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ import torch
 from asr_app.kernels.triton_support import HAS_TRITON, next_power_of_2, tl, triton, triton_interpreting
 
 MAX_BLOCK_M = 16  # rows one program multiplies at once (a step's tokens x batch rows); more rows: more programs
-# Under the interpreter: the depth of a tile, and its largest [rows, columns, depth] size (Triton's limit).
-INTERPRETER_DEPTH, INTERPRETER_TILE = 256, 1 << 20
+DOT_ROWS = 16  # the fewest rows a tensor-core tile (tl.dot) takes; a step's missing rows are masked
+# Under the interpreter: the depth of a tile, and its largest element-wise [rows, columns, depth] size.
+INTERPRETER_DEPTH, INTERPRETER_TILE = 256, 1 << 18
 _GELU_SCALE = tl.constexpr(0.7071067811865476)  # 1/sqrt(2): exact (erf) GELU, as Whisper's
 
 
@@ -59,30 +60,54 @@ def _row_stats(x_ptr, rows, x_stride, k_in, eps, BLOCK_M: tl.constexpr, BLOCK_K:
 
 
 @triton.jit
+def _input_tile(x_ptr, norm_w_ptr, norm_b_ptr, safe_rows, row_ok, k, k_ok, x_stride, mean, rstd, NORM: tl.constexpr):
+    """x[rows, k] in x's dtype; with NORM normalised (mean, rstd per row) and rounded back to x's dtype, as the
+    unfused step's layer norm output is."""
+    x_ok = row_ok[:, None] & k_ok[None, :]
+    xk = tl.load(x_ptr + safe_rows[:, None] * x_stride + k[None, :], mask=x_ok, other=0.0)
+    if NORM:
+        gain = tl.load(norm_w_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+        shift = tl.load(norm_b_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+        normed = (xk.to(tl.float32) - mean[:, None]) * rstd[:, None] * gain[None, :] + shift[None, :]
+        xk = tl.where(x_ok, normed, 0.0).to(x_ptr.dtype.element_ty)
+    return xk
+
+
+@triton.jit
 def _product(x_ptr, w_ptr, norm_w_ptr, norm_b_ptr, rows, row_ok, cols, col_ok, x_stride, k_in, eps,
-             NORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """fp32 [BLOCK_M, BLOCK_N]: (norm(x) if NORM else x)[rows] @ w[cols]^T, the normalised input rounded to
-    x's dtype first (as the unfused step's layer norm output is)."""
+             NORM: tl.constexpr, DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_K: tl.constexpr):
+    """fp32 [BLOCK_M, BLOCK_N]: (norm(x) if NORM else x)[rows] @ w[cols]^T.
+
+    DOT: tensor-core tiles (`tl.dot`, at least 16 rows, the missing ones masked): Triton stages the weight
+    tiles through shared memory several iterations ahead, so a program keeps many loads in flight. Else
+    element-wise: products summed per lane across the walk and reduced over the depth once at the end (a
+    reduction per tile would exchange values between threads every iteration); its loads are not staged
+    ahead, so it needs wide tiles (few rows) to keep enough bytes in flight."""
     safe_rows = tl.where(row_ok, rows, 0)
+    mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+    rstd = mean
     if NORM:
         mean, rstd = _row_stats(x_ptr, safe_rows, x_stride, k_in, eps, BLOCK_M, BLOCK_K)
     offs = tl.arange(0, BLOCK_K)
-    # Products summed element-wise across the walk and reduced over the depth once at the end: a reduction per
-    # step would exchange values between threads at every tile.
-    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    if DOT:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, k_in, BLOCK_K):
         k = k0 + offs
         k_ok = k < k_in
         w = tl.load(w_ptr + cols[:, None] * k_in + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        x_ok = row_ok[:, None] & k_ok[None, :]
-        xk = tl.load(x_ptr + safe_rows[:, None] * x_stride + k[None, :], mask=x_ok, other=0.0)
-        if NORM:
-            gain = tl.load(norm_w_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-            shift = tl.load(norm_b_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
-            normed = (xk.to(tl.float32) - mean[:, None]) * rstd[:, None] * gain[None, :] + shift[None, :]
-            xk = tl.where(x_ok, normed, 0.0).to(x_ptr.dtype.element_ty)
-        acc += xk.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    return tl.sum(acc, axis=2)
+        xk = _input_tile(x_ptr, norm_w_ptr, norm_b_ptr, safe_rows, row_ok, k, k_ok, x_stride, mean, rstd, NORM)
+        if DOT:  # "ieee": fp32 models keep full-precision products (no TF32); half precision is unaffected
+            acc = tl.dot(xk, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc += xk.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    if DOT:
+        product = acc
+    else:
+        product = tl.sum(acc, axis=2)
+    return product
 
 
 @triton.jit
@@ -90,7 +115,7 @@ def _linear_kernel(
     x_ptr, w_ptr, bias_ptr, norm_w_ptr, norm_b_ptr, out_ptr,
     n_rows, n_out, k_in, x_stride, out_stride, eps,
     NORM: tl.constexpr, GELU: tl.constexpr, RESIDUAL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Grid (column blocks, row blocks): out[rows, cols] = act(norm?(x) @ w^T + bias), or with RESIDUAL
     out[rows, cols] += that (out is the residual stream, updated in place)."""
@@ -98,7 +123,7 @@ def _linear_kernel(
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rows < n_rows, cols < n_out
     acc = _product(x_ptr, w_ptr, norm_w_ptr, norm_b_ptr, rows, row_ok, cols, col_ok, x_stride, k_in, eps,
-                   NORM, BLOCK_M, BLOCK_N, BLOCK_K)
+                   NORM, DOT, BLOCK_M, BLOCK_N, BLOCK_K)
     acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     out_type = out_ptr.dtype.element_ty
     acc = acc.to(out_type).to(tl.float32)
@@ -115,7 +140,7 @@ def _linear_kernel(
 def _qkv_kernel(
     x_ptr, w_ptr, bias_ptr, norm_w_ptr, norm_b_ptr, positions_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
     n_rows, tokens, width, head_dim, x_stride, cache_stride_b, cache_stride_h, cache_stride_p, eps, q_scale,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Grid (column blocks of 3*width, row blocks): norm(x) @ w_qkv^T + bias; columns [0, width) go to
     q [rows, width] (times q_scale), the key and value columns into the cache slots of their rows' positions
@@ -124,7 +149,7 @@ def _qkv_kernel(
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok, col_ok = rows < n_rows, cols < 3 * width
     acc = _product(x_ptr, w_ptr, norm_w_ptr, norm_b_ptr, rows, row_ok, cols, col_ok, x_stride, width, eps,
-                   True, BLOCK_M, BLOCK_N, BLOCK_K)
+                   True, DOT, BLOCK_M, BLOCK_N, BLOCK_K)
     acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     value = acc.to(q_ptr.dtype.element_ty)
     section = cols // width  # 0 query, 1 key, 2 value
@@ -143,12 +168,20 @@ _KERNELS = {"linear": _linear_kernel, "qkv": _qkv_kernel}
 
 
 def _configs(block_m: int) -> list:
-    """Tile shapes tried on a GPU: a weight tile of 4-8K elements per program; fewer columns per program for
-    more rows, to keep the [rows, columns, depth] product in registers."""
-    shapes = [(8, 512, 4), (16, 256, 4), (16, 512, 8), (32, 256, 8), (4, 1024, 4), (8, 256, 2)]
+    """Tile shapes tried on a GPU for a bucket of `block_m` rows: element-wise tiles of 4-8K weights per
+    program (fewer columns per program for more rows, to keep the [rows, columns, depth] sums in registers) and
+    tensor-core tiles of 16 rows, whose weight loads Triton stages ahead (`_product`). One row leans on the
+    first, a speculative step's rows on the second."""
+    lanes = [(8, 512, 4), (16, 256, 4), (16, 512, 8), (32, 256, 8), (4, 1024, 4), (8, 256, 2)]
+    dots = [(16, 256, 4, 3), (32, 128, 4, 4), (64, 128, 4, 3), (16, 128, 4, 4)]
     if block_m > 1:
-        shapes = [(n, max(64, k // block_m), w) for n, k, w in shapes[:4]] + [(4, 128, 4), (8, 64, 2)]
-    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w) for n, k, w in shapes]
+        lanes = [(8, max(64, 512 // block_m), 4), (4, 128, 4)]
+    else:
+        dots = dots[:2]
+    return [triton.Config({"BLOCK_M": block_m, "BLOCK_N": n, "BLOCK_K": k, "DOT": False}, num_warps=w)
+            for n, k, w in lanes] + \
+        [triton.Config({"BLOCK_M": max(DOT_ROWS, block_m), "BLOCK_N": n, "BLOCK_K": k, "DOT": True}, num_warps=w,
+                       num_stages=stages) for n, k, w, stages in dots]
 
 
 def _timed(kernel_call, quantiles):
@@ -161,26 +194,29 @@ def _timed(kernel_call, quantiles):
 
 @functools.cache
 def _tuned(kernel_name: str, block_m: int, restore: tuple[str, ...]):
-    """The kernel tuned per matrix shape within one row bucket (block_m): rows of one bucket share a tile. The
-    choice is kept on disk where the installed Triton can (`cache_results`), so a new process does not tune
-    again; the bucket is part of the key, as two buckets may have the same candidates."""
+    """The kernel tuned per matrix shape (and epilogue) within one row bucket (block_m): rows of one bucket
+    share a tile. The choice is kept on disk where the installed Triton can (`cache_results`), so a new process
+    does not tune again; buckets differ in their candidates, so they do not share a choice there either."""
     kernel = _KERNELS[kernel_name]
-    key = (["k_in", "n_out"] if kernel_name == "linear" else ["width"]) + ["BLOCK_M"]
+    key = ["k_in", "n_out", "NORM", "GELU", "RESIDUAL"] if kernel_name == "linear" else ["width"]
     disk = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
     return triton.autotune(_configs(block_m), key=key, restore_value=list(restore), do_bench=_timed, **disk)(kernel)
 
 
-def _launch(kernel_name: str, args: tuple, rows: int, columns: int, restore: tuple[str, ...], **flags) -> None:
+def _launch(kernel_name: str, args: tuple, rows: int, columns: int, restore: tuple[str, ...],
+            tile: triton.Config | None, **flags) -> None:
     block_m = min(MAX_BLOCK_M, next_power_of_2(rows))
-    if triton_interpreting():  # programs run one after another in NumPy: few, wide ones
+    if tile is not None:  # one given tile shape (tests, benchmarks)
         kernel = _KERNELS[kernel_name]
-        block_n = min(1024, next_power_of_2(columns), INTERPRETER_TILE // (block_m * INTERPRETER_DEPTH))
-        grid = (triton.cdiv(columns, block_n), triton.cdiv(rows, block_m))
-        kernel[grid](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=INTERPRETER_DEPTH)
-        return
-    kernel = _tuned(kernel_name, block_m, restore)
-    kernel[lambda meta: (triton.cdiv(columns, meta["BLOCK_N"]), triton.cdiv(rows, block_m))](
-        *args, **flags, BLOCK_M=block_m)
+        meta = {**tile.kwargs, "num_warps": tile.num_warps, "num_stages": tile.num_stages}
+    elif triton_interpreting():  # programs run one after another in NumPy: few, wide ones; both kinds of tile
+        kernel, dot = _KERNELS[kernel_name], rows > 1
+        width = INTERPRETER_TILE // INTERPRETER_DEPTH // (1 if dot else block_m)  # the [rows, columns, depth] sums
+        meta = {"BLOCK_M": max(DOT_ROWS, block_m) if dot else block_m, "BLOCK_N": min(width, next_power_of_2(columns)),
+                "BLOCK_K": INTERPRETER_DEPTH, "DOT": dot}
+    else:
+        kernel, meta = _tuned(kernel_name, block_m, restore), {}
+    kernel[lambda m: (triton.cdiv(columns, m["BLOCK_N"]), triton.cdiv(rows, m["BLOCK_M"]))](*args, **flags, **meta)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -196,9 +232,11 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *,
            norm: tuple[torch.Tensor, torch.Tensor] | None = None, eps: float = 1e-5,
-           activation: str | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+           activation: str | None = None, residual: torch.Tensor | None = None,
+           tile: triton.Config | None = None) -> torch.Tensor:
     """act(norm?(x) @ weight^T + bias) [..., n]; with `residual` (contiguous [..., n]) that is added into
-    `residual` in place and `residual` returned. x [..., k] with unit stride along k."""
+    `residual` in place and `residual` returned. x [..., k] with unit stride along k. `tile`: one
+    `triton.Config` of `_configs` instead of the tuned choice (tests, benchmarks)."""
     flat = _check(x, weight)
     rows, n_out = flat.shape[0], weight.shape[0]
     if residual is not None:
@@ -211,16 +249,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *,
         return out
     norm_w, norm_b = norm if norm is not None else (bias, bias)
     args = (flat, weight, bias, norm_w, norm_b, out, rows, n_out, flat.shape[1], flat.stride(0), n_out, eps)
-    _launch("linear", args, rows, n_out, ("out_ptr",) if residual is not None else (),
+    _launch("linear", args, rows, n_out, ("out_ptr",) if residual is not None else (), tile,
             NORM=norm is not None, GELU=activation == "gelu", RESIDUAL=residual is not None)
     return out
 
 
 def qkv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor],
         eps: float, q_scale: float, keys: torch.Tensor, values: torch.Tensor,
-        positions: torch.Tensor) -> torch.Tensor:
+        positions: torch.Tensor, tile: triton.Config | None = None) -> torch.Tensor:
     """Queries [B, L, d] of norm(x) (x [B, L, d]); the keys and values written into `keys`/`values`
-    [B, H, slots, hd] at `positions` [L] (device), as the unfused step's two `index_copy_` do."""
+    [B, H, slots, hd] at `positions` [L] (device), as the unfused step's two `index_copy_` do. `tile`: as
+    `linear`'s."""
     batch, tokens, width = x.shape
     if weight.shape[0] != 3 * width or keys.shape != values.shape or keys.stride() != values.stride():
         raise ValueError("qkv needs a [3d, d] weight and key/value caches of one layout")
@@ -230,7 +269,7 @@ def qkv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, norm: tuple[t
         return q
     args = (flat, weight, bias, *norm, positions, q, keys, values, flat.shape[0], tokens, width,
             keys.shape[-1], flat.stride(0), keys.stride(0), keys.stride(1), keys.stride(2), eps, q_scale)
-    _launch("qkv", args, flat.shape[0], 3 * width, ())
+    _launch("qkv", args, flat.shape[0], 3 * width, (), tile)
     return q
 
 
