@@ -140,9 +140,79 @@ def stream_clip(decoder, audio: np.ndarray, options: StreamingOptions, pacing: s
     }
 
 
-def run(args: argparse.Namespace) -> dict:
+def stream_clips(decoder, clips: list[Path], audios: dict, options: StreamingOptions, args, offline: dict,
+                 name: str) -> list[dict]:
+    """Each clip streamed with `options` (paced as asked), next to its offline transcript (`offline`, filled on
+    first use per mode) and reference."""
     import torch
 
+    per_clip = []
+    for clip in clips:
+        if clip not in offline:
+            offline[clip] = transcribe(decoder, audios[clip]).text
+        streamed = stream_clip(decoder, audios[clip], options, "fast" if args.fast else "realtime")
+        streamed.update(clip=clip.name, offline=offline[clip], reference=reference_text(clip))
+        if not args.fast and not args.realtime_only:
+            # The same stream unpaced: the commit policy's own latency, without compute delays.
+            streamed["policy_lags"] = stream_clip(decoder, audios[clip], options, "fast")["audio_lags"]
+            # And on a simulated dedicated core (virtual clock driven by CPU time). With several torch
+            # threads, CPU time counts every thread and the clock would run too fast: single thread only.
+            if torch.get_num_threads() == 1:
+                dedicated = stream_clip(decoder, audios[clip], options, "cpu-clock")
+                streamed["dedicated_latencies"] = dedicated["word_latencies"]
+                streamed["dedicated_first_partial_s"] = dedicated["first_partial_s"]
+                streamed["cpu_s"] = dedicated["cpu_s"]
+        per_clip.append(streamed)
+        print(f"[{name}] {clip.name}: {streamed['words']} words, p90 {streamed['finalization_p90_s']:.2f} s, "
+              f"RTF {streamed['rtf']:.2f}", file=sys.stderr)
+    return per_clip
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def summarize_variant(per_clip: list[dict], normalise) -> dict:
+    """One streaming variant's figures over its clips (latencies pooled over every committed word)."""
+    latencies = [x for c in per_clip for x in c["word_latencies"]]
+    policy_lags = [x for c in per_clip for x in c.get("policy_lags", [])]
+    dedicated = [x for c in per_clip for x in c.get("dedicated_latencies", [])]
+    dedicated_first = [c["dedicated_first_partial_s"] for c in per_clip if c.get("dedicated_first_partial_s")]
+    cpu = [c["cpu_s"] for c in per_clip if "cpu_s" in c]
+    firsts = [c["first_partial_s"] for c in per_clip if c["first_partial_s"] is not None]
+    with_ref = [c for c in per_clip if c["reference"]]
+    rates = [c["acceptance_rate"] for c in per_clip if c["acceptance_rate"] is not None]
+    hinted = sum(c["hint_tokens"] for c in per_clip)
+    audio_s = sum(c["audio_s"] for c in per_clip)
+    return {
+        "clips": len(per_clip),
+        "audio_s": audio_s,
+        "words": len(latencies),
+        "first_partial_median_s": statistics.median(firsts) if firsts else None,
+        "finalization_p50_s": _percentile(latencies, 50),
+        "finalization_p90_s": _percentile(latencies, 90),
+        "dedicated_first_partial_median_s": statistics.median(dedicated_first) if dedicated_first else None,
+        "dedicated_p50_s": _percentile(dedicated, 50),
+        "dedicated_p90_s": _percentile(dedicated, 90),
+        "cpu_rtf": sum(cpu) / audio_s if cpu else None,
+        "policy_p50_s": _percentile(policy_lags, 50),
+        "policy_p90_s": _percentile(policy_lags, 90),
+        "rtf": sum(c["compute_s"] for c in per_clip) / audio_s,
+        "wer_vs_offline": wer([c["offline"] for c in per_clip], [c["committed"] for c in per_clip], normalise),
+        "wer_offline_vs_reference": wer([c["reference"] for c in with_ref], [c["offline"] for c in with_ref],
+                                        normalise),
+        "wer_stream_vs_reference": wer([c["reference"] for c in with_ref], [c["committed"] for c in with_ref],
+                                       normalise),
+        "acceptance_rate": statistics.fmean(rates) if rates else None,
+        "hint_acceptance": sum(c["hint_accepted"] for c in per_clip) / hinted if hinted else None,
+        "finalization_latencies_s": [round(x, 4) for x in latencies],
+        "policy_lags_s": [round(x, 4) for x in policy_lags],
+        "per_clip": [{k: v for k, v in c.items() if k not in ("word_latencies", "audio_lags", "policy_lags",
+                                                               "dedicated_latencies")} for c in per_clip],
+    }
+
+
+def run(args: argparse.Namespace) -> dict:
     from asr_app.wer import english_normalizer
 
     normalise = english_normalizer()
@@ -155,74 +225,17 @@ def run(args: argparse.Namespace) -> dict:
     policies = args.policies.split(",")
     variants = [(mode, reuse, policy, step) for mode in args.modes.split(",") for reuse in reuse_choices
                 for policy in policies for step in steps]
-    offline_text: dict[tuple[str, Path], str] = {}
+    offline_text: dict[str, dict[Path, str]] = {}
     for mode, reuse, policy, step in variants:
         name = (f"{mode}+reuse" if reuse else mode) + (f" {policy}" if len(policies) > 1 else "") + (
             f" step {step:g}" if len(steps) > 1 else "")
         decoder = SpeculativeDecoder(pair, DecodingOptions(mode=mode))
         decoder.decode([audios[clips[0]][:16000]])  # warm-up: first-call allocations are not streaming latency
-        per_clip = []
-        for clip in clips:
-            if (mode, clip) not in offline_text:
-                offline_text[mode, clip] = transcribe(decoder, audios[clip]).text
-            offline = offline_text[mode, clip]
-            options = StreamingOptions(step_s=step, reuse_hypothesis=reuse, policy=policy,
-                                       word_alignment=args.alignment == "on", edge_s=args.edge)
-            streamed = stream_clip(decoder, audios[clip], options, "fast" if args.fast else "realtime")
-            streamed.update(clip=clip.name, offline=offline, reference=reference_text(clip))
-            if not args.fast and not args.realtime_only:
-                # The same stream unpaced: the commit policy's own latency, without compute delays.
-                streamed["policy_lags"] = stream_clip(decoder, audios[clip], options, "fast")["audio_lags"]
-                # And on a simulated dedicated core (virtual clock driven by CPU time). With several torch
-                # threads, CPU time counts every thread and the clock would run too fast: single thread only.
-                if torch.get_num_threads() == 1:
-                    dedicated = stream_clip(decoder, audios[clip], options, "cpu-clock")
-                    streamed["dedicated_latencies"] = dedicated["word_latencies"]
-                    streamed["dedicated_first_partial_s"] = dedicated["first_partial_s"]
-                    streamed["cpu_s"] = dedicated["cpu_s"]
-            per_clip.append(streamed)
-            print(f"[{name}] {clip.name}: {streamed['words']} words, p90 {streamed['finalization_p90_s']:.2f} s, "
-                  f"RTF {streamed['rtf']:.2f}", file=sys.stderr)
-        latencies = [x for c in per_clip for x in c["word_latencies"]]
-        policy = [x for c in per_clip for x in c.get("policy_lags", [])]
-        dedicated = [x for c in per_clip for x in c.get("dedicated_latencies", [])]
-        dedicated_first = [c["dedicated_first_partial_s"] for c in per_clip if c.get("dedicated_first_partial_s")]
-        cpu = [c["cpu_s"] for c in per_clip if "cpu_s" in c]
-        firsts = [c["first_partial_s"] for c in per_clip if c["first_partial_s"] is not None]
-        with_ref = [c for c in per_clip if c["reference"]]
-        rates = [c["acceptance_rate"] for c in per_clip if c["acceptance_rate"] is not None]
-        hinted = sum(c["hint_tokens"] for c in per_clip)
-        results["modes"][name] = {
-            "mode": mode,
-            "reuse_hypothesis": reuse,
-            "policy": policy,
-            "step_s": step,
-            "clips": len(per_clip),
-            "audio_s": sum(c["audio_s"] for c in per_clip),
-            "words": len(latencies),
-            "first_partial_median_s": statistics.median(firsts) if firsts else None,
-            "finalization_p50_s": float(np.percentile(latencies, 50)) if latencies else None,
-            "finalization_p90_s": float(np.percentile(latencies, 90)) if latencies else None,
-            "dedicated_first_partial_median_s": statistics.median(dedicated_first) if dedicated_first else None,
-            "dedicated_p50_s": float(np.percentile(dedicated, 50)) if dedicated else None,
-            "dedicated_p90_s": float(np.percentile(dedicated, 90)) if dedicated else None,
-            "cpu_rtf": sum(cpu) / sum(c["audio_s"] for c in per_clip) if cpu else None,
-            "policy_p50_s": float(np.percentile(policy, 50)) if policy else None,
-            "policy_p90_s": float(np.percentile(policy, 90)) if policy else None,
-            "rtf": sum(c["compute_s"] for c in per_clip) / sum(c["audio_s"] for c in per_clip),
-            "wer_vs_offline": wer([c["offline"] for c in per_clip], [c["committed"] for c in per_clip], normalise),
-            "wer_offline_vs_reference": wer([c["reference"] for c in with_ref], [c["offline"] for c in with_ref],
-                                            normalise),
-            "wer_stream_vs_reference": wer([c["reference"] for c in with_ref], [c["committed"] for c in with_ref],
-                                           normalise),
-            "acceptance_rate": statistics.fmean(rates) if rates else None,
-            "hint_acceptance": sum(c["hint_accepted"] for c in per_clip) / hinted if hinted else None,
-            "finalization_latencies_s": [round(x, 4) for x in latencies],
-            "policy_lags_s": [round(x, 4) for x in policy],
-            "per_clip": [{k: v for k, v in c.items() if k not in ("word_latencies", "audio_lags", "policy_lags",
-                                                                   "dedicated_latencies")}
-                         for c in per_clip],
-        }
+        options = StreamingOptions(step_s=step, reuse_hypothesis=reuse, policy=policy,
+                                   word_alignment=args.alignment == "on", edge_s=args.edge)
+        per_clip = stream_clips(decoder, clips, audios, options, args, offline_text.setdefault(mode, {}), name)
+        results["modes"][name] = {"mode": mode, "reuse_hypothesis": reuse, "policy": policy, "step_s": step,
+                                  **summarize_variant(per_clip, normalise)}
     return results
 
 

@@ -22,6 +22,7 @@ is how the decoding runtime runs it now. The difference is the host-side launch 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import platform
 import time
@@ -175,7 +176,7 @@ def bytes_read(impl, batch, gamma, vocab, itemsize):
     return batch * (2 * gamma + 1) * vocab * itemsize
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -200,46 +201,52 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     if args.clock == "thread" and torch.get_num_threads() != 1:
         parser.error("--clock thread measures one thread's CPU time: add --threads 1")
+    return args
+
+
+def measure_config(args, device, floors_: tuple, dtype_name: str, vocab: int, batch: int, gamma: int) -> list[Row]:
+    """Every implementation on one (dtype, V, B, g), timed interleaved; one printed line each."""
+    empty_us, bandwidth = floors_
+    backend = "triton" if device.type == "cuda" else "torch"
+    inputs = make_inputs(batch, gamma, vocab, DTYPES[dtype_name], device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    fns = {impl: step_fn(impl, *inputs, generator) for impl in args.impl}
+    if device.type == "cuda":
+        fns |= {f"{m}@graph": graphed_fn(m, *inputs, generator) for m in GRAPHED if m in args.impl}
+    timings = time_impls(fns, device, args.min_run_time, args.rounds, args.clock)
+    rows, anchor = [], None
+    for impl in fns:  # transformers first: the anchor of the others' ratio
+        us = timings[impl]
+        impl_backend = ("torch" if impl in ("transformers", "baseline") else backend) + \
+            ("+graph" if impl.endswith("@graph") else "")
+        row = Row(impl, impl_backend, batch, gamma, vocab, dtype_name, round(us, 2))
+        if impl == "transformers":
+            anchor = us
+        elif anchor is not None:
+            row.speedup_vs_transformers = round(anchor / us, 3)
+        rows.append(row)
+        base = impl.removesuffix("@graph")
+        floor = bytes_read(base, batch, gamma, vocab, DTYPES[dtype_name].itemsize) / bandwidth * 1e6
+        if empty_us is not None and LAUNCHES.get(base):
+            floor = max(floor, LAUNCHES[base] * empty_us)
+        ratio = f"{row.speedup_vs_transformers:8.2f}" if row.speedup_vs_transformers else f"{'-':>8s}"
+        print(f"{impl:13s} {batch:3d} {gamma:3d} {vocab:6d} {dtype_name:8s} {us:11.1f} {ratio} {floor:9.1f}", flush=True)
+    return rows
+
+
+def main(argv=None):
+    args = parse_args(argv)
     device = torch.device(args.device)
     malloc_tuned = device.type == "cpu" and args.malloc == "steady" and steady_malloc()
-    backend = "triton" if device.type == "cuda" else "torch"
     empty_us, bandwidth = floors(device, args.clock)
-
     rows: list[Row] = []
     started = time.time()
     print(f"{'impl':13s} {'B':>3s} {'g':>3s} {'V':>6s} {'dtype':8s} {'median us':>11s} {'x vs HF':>8s} {'floor us':>9s}")
-    for dtype_name in args.dtype:
-        for vocab in args.vocab:
-            for batch in args.batch:
-                for gamma in args.gamma:
-                    inputs = make_inputs(batch, gamma, vocab, DTYPES[dtype_name], device)
-                    generator = torch.Generator(device=device).manual_seed(0)
-                    anchor = None
-                    fns = {impl: step_fn(impl, *inputs, generator) for impl in args.impl}
-                    if device.type == "cuda":
-                        fns |= {f"{m}@graph": graphed_fn(m, *inputs, generator) for m in GRAPHED if m in args.impl}
-                    timings = time_impls(fns, device, args.min_run_time, args.rounds, args.clock)
-                    for impl in fns:
-                        us = timings[impl]
-                        impl_backend = "torch" if impl in ("transformers", "baseline") else backend
-                        impl_backend += "+graph" if impl.endswith("@graph") else ""
-                        row = Row(impl, impl_backend, batch, gamma, vocab, dtype_name, round(us, 2))
-                        if impl == "transformers":
-                            anchor = us
-                        elif anchor is not None:
-                            row.speedup_vs_transformers = round(anchor / us, 3)
-                        rows.append(row)
-                        floor = bytes_read(impl.removesuffix("@graph"), batch, gamma, vocab, DTYPES[dtype_name].itemsize) / bandwidth * 1e6
-                        launches = LAUNCHES.get(impl.removesuffix("@graph"))
-                        if empty_us is not None and launches:
-                            floor = max(floor, launches * empty_us)
-                        ratio = f"{row.speedup_vs_transformers:8.2f}" if row.speedup_vs_transformers else f"{'-':>8s}"
-                        print(f"{impl:13s} {batch:3d} {gamma:3d} {vocab:6d} {dtype_name:8s} {us:11.1f} {ratio} "
-                              f"{floor:9.1f}", flush=True)
-
+    for dtype_name, vocab, batch, gamma in itertools.product(args.dtype, args.vocab, args.batch, args.gamma):
+        rows += measure_config(args, device, (empty_us, bandwidth), dtype_name, vocab, batch, gamma)
     meta = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "backend_for_modes": backend,
+        "backend_for_modes": "triton" if device.type == "cuda" else "torch",
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "timer": ("triton.testing.do_bench median" if device.type == "cuda" else "torch.utils.benchmark median")
