@@ -120,8 +120,7 @@ def product_calls(n: int, k: int, rows: int, kind: str, device, dtype) -> dict:
 
         unfused = {"unfused": lambda: (F.gelu if gelu else (lambda t: t))(F.linear(F.layer_norm(x, (k,), g, s), w, b)),
                    "cuBLAS product alone": lambda: F.linear(x, w, b)}
-    bucket = min(fused.MAX_BLOCK_M, 1 << (rows - 1).bit_length())
-    tiles = {f"tile: {tile_label(tile)}": launch(tile) for tile in fused._configs(bucket)}
+    tiles = {f"tile: {tile_label(tile)}": launch(tile) for tile in fused.candidate_tiles(fused.row_bucket(rows))}
     return {"fused": launch(), **tiles, **unfused}
 
 

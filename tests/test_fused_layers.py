@@ -54,7 +54,7 @@ def test_fused_linear_matches_its_pytorch_twin(dtype, rows):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("rows, bucket", [(1, 1), (5, 8)])  # one token; a speculative step's 5 tokens
 def test_every_tile_the_gpu_may_choose_computes_the_same(dtype, rows, bucket):
-    # On a GPU the tuner picks the fastest of `_configs(bucket)` per shape, so each candidate, element-wise or
+    # On a GPU the tuner picks the fastest of `candidate_tiles(bucket)` per shape, so each candidate, element-wise or
     # tensor-core (16 rows, the others masked), must give the twin's values; the interpreter's own tile is
     # only one of them.
     generator = torch.Generator().manual_seed(rows)
@@ -67,7 +67,7 @@ def test_every_tile_the_gpu_may_choose_computes_the_same(dtype, rows, bucket):
     qkv_weight = (torch.randn(3 * width, width, generator=generator) / 8).to(dtype)
     qkv_bias = torch.randn(3 * width, generator=generator).to(dtype)
     projected = fused.linear_reference(x[None, :, :width], qkv_weight, qkv_bias, norm=(norm[0][:width], norm[1][:width]))
-    tiles = fused._configs(bucket)
+    tiles = fused.candidate_tiles(bucket)
     assert {tile.kwargs["DOT"] for tile in tiles} == {False, True}
     for tile in tiles:
         def same(actual, expected, tile=tile):
@@ -125,11 +125,11 @@ def test_tuned_launches_add_the_residual_once_and_write_the_cache(tuned_launches
     stream = torch.randn(3, 96, generator=generator)
     residual = stream.clone()
     fused.linear(x, weight, bias, residual=residual)
-    assert len(tuned_launches) == len(fused._configs(4))  # every candidate tried, on the first call only
+    assert len(tuned_launches) == len(fused.candidate_tiles(4))  # every candidate tried, on the first call only
     torch.testing.assert_close(residual, fused.linear_reference(x, weight, bias, residual=stream), atol=1e-5, rtol=1e-5)
     residual = stream.clone()
     fused.linear(x, weight, bias, residual=residual)
-    assert len(tuned_launches) == len(fused._configs(4))
+    assert len(tuned_launches) == len(fused.candidate_tiles(4))
     torch.testing.assert_close(residual, fused.linear_reference(x, weight, bias, residual=stream), atol=1e-5, rtol=1e-5)
     keys, values = torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 16)
     q = fused.qkv(torch.randn(1, 2, 32), torch.randn(96, 32), torch.randn(96), (torch.ones(32), torch.zeros(32)),

@@ -214,6 +214,6 @@ def test_every_fused_tile_on_the_gpu_at_large_v2_widths(dtype, rows, bucket):
     weight = (torch.randn(hidden, width, device=CUDA, generator=generator) / 40).to(dtype)
     bias = torch.randn(hidden, device=CUDA, generator=generator).to(dtype)
     expected = fused.linear_reference(x, weight, bias, norm=norm, activation="gelu")
-    for tile in fused._configs(bucket):
+    for tile in fused.candidate_tiles(bucket):
         out = fused.linear(x, weight, bias, norm=norm, activation="gelu", tile=tile)
         torch.testing.assert_close(out, expected, **GPU_TOLERANCE[dtype], msg=lambda m, t=tile: f"{t}: {m}")

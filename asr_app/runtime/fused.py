@@ -167,11 +167,16 @@ def _qkv_kernel(
 _KERNELS = {"linear": _linear_kernel, "qkv": _qkv_kernel}
 
 
-def _configs(block_m: int) -> list:
-    """Tile shapes tried on a GPU for a bucket of `block_m` rows: element-wise tiles of 4-8K weights per
-    program (fewer columns per program for more rows, to keep the [rows, columns, depth] sums in registers) and
-    tensor-core tiles of 16 rows, whose weight loads Triton stages ahead (`_product`). One row leans on the
-    first, a speculative step's rows on the second."""
+def row_bucket(rows: int) -> int:
+    """The rows one tuned tile is chosen for: a power of two up to MAX_BLOCK_M (more rows take more programs)."""
+    return min(MAX_BLOCK_M, next_power_of_2(rows))
+
+
+def candidate_tiles(block_m: int) -> list:
+    """The tiles (`triton.Config`s) tried on a GPU for a bucket of `block_m` rows (`row_bucket`): element-wise
+    tiles of 4-8K weights per program (fewer columns per program for more rows, to keep the [rows, columns,
+    depth] sums in registers) and tensor-core tiles of 16 rows, whose weight loads Triton stages ahead
+    (`_product`). One row leans on the first, a speculative step's rows on the second."""
     lanes = [(8, 512, 4), (16, 256, 4), (16, 512, 8), (32, 256, 8), (4, 1024, 4), (8, 256, 2)]
     dots = [(16, 256, 4, 3), (32, 128, 4, 4), (64, 128, 4, 3), (16, 128, 4, 4)]
     if block_m > 1:
@@ -200,12 +205,13 @@ def _tuned(kernel_name: str, block_m: int, restore: tuple[str, ...]):
     kernel = _KERNELS[kernel_name]
     key = ["k_in", "n_out", "NORM", "GELU", "RESIDUAL"] if kernel_name == "linear" else ["width"]
     disk = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
-    return triton.autotune(_configs(block_m), key=key, restore_value=list(restore), do_bench=_timed, **disk)(kernel)
+    tiles = candidate_tiles(block_m)
+    return triton.autotune(tiles, key=key, restore_value=list(restore), do_bench=_timed, **disk)(kernel)
 
 
 def _launch(kernel_name: str, args: tuple, rows: int, columns: int, restore: tuple[str, ...],
             tile: triton.Config | None, **flags) -> None:
-    block_m = min(MAX_BLOCK_M, next_power_of_2(rows))
+    block_m = row_bucket(rows)
     if tile is not None:  # one given tile shape (tests, benchmarks)
         kernel = _KERNELS[kernel_name]
         meta = {**tile.kwargs, "num_warps": tile.num_warps, "num_stages": tile.num_stages}
@@ -236,7 +242,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *,
            tile: triton.Config | None = None) -> torch.Tensor:
     """act(norm?(x) @ weight^T + bias) [..., n]; with `residual` (contiguous [..., n]) that is added into
     `residual` in place and `residual` returned. x [..., k] with unit stride along k. `tile`: one
-    `triton.Config` of `_configs` instead of the tuned choice (tests, benchmarks)."""
+    `triton.Config` of `candidate_tiles` instead of the tuned choice (tests, benchmarks)."""
     flat = _check(x, weight)
     rows, n_out = flat.shape[0], weight.shape[0]
     if residual is not None:
