@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Here, before a lent GPU is used: put what the device machine cannot fetch (it reaches nothing outside) into
+# .gpu/ (ignored by git): the real tiny.en pair split into two parts that each fit one device call (64 MiB),
+# and the wheels its Python lacks. Then prints the device calls that use them (../shared/gpu/README.md).
+#
+#   bash bench/gpu_prepare.sh            # needs ../shared (or SHARED=DIR) and a package index
+set -eu
+cd "$(dirname "$0")/.."
+SHARED="${SHARED:-../shared}"
+PYTHON="${PYTHON:-python3}"
+[ -f "$SHARED/gpu/pack_tiny_pair.py" ] || { echo "no $SHARED/gpu/pack_tiny_pair.py: set SHARED=DIR" >&2; exit 2; }
+mkdir -p .gpu
+"$PYTHON" "$SHARED/gpu/pack_tiny_pair.py" pack .gpu
+# The device machine: Python 3.12 on x86-64 Linux, without these (seen 2026-11-22).
+"$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d .gpu/whl soundfile soxr jiwer rapidfuzz cffi pycparser click
+du -sh .gpu/part1 .gpu/part2 .gpu/whl
+cat <<'CALLS'
+
+Device calls (the second within 30 s of the first, while the machine is still warm; see `status` first):
+  1. carry [".gpu/part1", ".gpu/whl"], command:
+     cp -r .gpu/part1 /root/stash && python3 -m pip install -q --no-index --no-deps --target /root/site .gpu/whl/*.whl
+  2. carry [".gpu/part2"], command:
+     python3 .gpu/part2/pack_tiny_pair.py join /root/stash .gpu/part2 /tmp/models && bash bench/gpu_check.sh tests
+  3. (no carry) bash bench/gpu_check.sh large;  4. bash bench/gpu_check.sh profile && bash bench/gpu_check.sh tiny
+CALLS
