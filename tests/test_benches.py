@@ -1,0 +1,72 @@
+"""The benchmarks run end to end on the CPU, in small settings, and write their reports: a benchmark that
+breaks is found here rather than on a lent GPU's few minutes. Their figures are not checked (benchmarks
+measure, tests do not); their structure is: the rows each report promises, each with a positive time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asr_app.kernels.triton_support import HAS_TRITON
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def run_bench(script: str, *args: str) -> str:
+    """Run bench/<script> in a child process (as a user does, from bench/); its output, or the failure's."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH.parent), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.run([sys.executable, script, *args], cwd=BENCH, env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-3000:]
+    return child.stdout
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="the fused rows need Triton (its interpreter on a CPU)")
+def test_runtime_bench_reports_loops_steps_and_projections(tmp_path):
+    run_bench("runtime_bench.py", "--shape", "tiny", "--device", "cpu", "--graphs", "emulate", "--tokens", "4",
+              "--repeats", "1", "--fused-layers", "--out-dir", str(tmp_path))
+    report = json.loads((tmp_path / "runtime_bench_tiny_cpu.json").read_text())
+    assert set(report["loops"]) >= {"transformers generate (eager)", "ours off (eager)", "ours off (emulate graphs)",
+                                    "ours exact (emulate graphs)", "ours off (emulate graphs, fused layers)"}
+    assert all(row["ms_per_token"] > 0 for row in report["loops"].values())
+    assert set(report["steps"]) == {"eager", "graphs", "graphs, fused layers"}
+    for projection in (report["projection"], report["projection_fused"]):
+        assert projection["tokens_per_call"] == 3.96 and projection["speedup_vs_off"] > 0
+    assert (tmp_path / "runtime_bench_tiny_cpu.png").stat().st_size > 0
+    assert "projected `exact`" in (tmp_path / "runtime_bench_tiny_cpu.md").read_text()
+
+
+def test_step_profile_reports_each_step(tmp_path):
+    run_bench("step_profile.py", "--shape", "tiny", "--device", "cpu", "--out-dir", str(tmp_path))
+    report = json.loads((tmp_path / "step_profile_tiny_cpu.json").read_text())
+    assert set(report) == {"target k=1", "target k=6", "draft"}  # no device kernels on a CPU: counts are 0
+    assert "### tiny: draft step" in (tmp_path / "step_profile_tiny_cpu.txt").read_text()
+
+
+def test_verify_bench_reports_every_configuration_against_transformers(tmp_path):
+    out = run_bench("verify_bench.py", "--quick", "--device", "cpu", "--impl", "transformers", "exact",
+                    "--dtype", "float32", "--min-run-time", "0.01", "--rounds", "1", "--out-dir", str(tmp_path))
+    rows = json.loads((tmp_path / "verify_bench_cpu.json").read_text())["rows"]
+    assert sorted((row["impl"], row["gamma"]) for row in rows) == sorted(
+        (impl, gamma) for impl in ("transformers", "exact") for gamma in (1, 5, 20))
+    assert all(row["median_us"] > 0 for row in rows)
+    assert all(row["speedup_vs_transformers"] for row in rows if row["impl"] == "exact")  # anchored in its config
+    assert "target check: exact" in out and (tmp_path / "verify_bench_cpu.png").stat().st_size > 0
+
+
+def test_stream_bench_reports_each_variant_under_its_own_names(tmp_path):
+    from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, TINY_EN_DIR
+
+    out = tmp_path / "stream.json"
+    run_bench("stream_bench.py", "--modes", "off", "--reuse", "on", "--policies", "local-agreement,alignatt",
+              "--fast", "--clips", str(JFK_FLAC), "--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR),
+              "--out", str(out))
+    modes = json.loads(out.read_text())["modes"]
+    assert {name: (row["mode"], row["policy"], row["reuse_hypothesis"]) for name, row in modes.items()} == {
+        "off+reuse local-agreement": ("off", "local-agreement", True), "off+reuse alignatt": ("off", "alignatt", True)}
+    assert all(row["words"] > 0 and row["clips"] == 1 and row["rtf"] > 0 for row in modes.values())
