@@ -15,7 +15,7 @@ tensor-core tiles it chose from, named) against the unfused kernels it replaces.
    operators by self CPU time, syncs counted), and the loop's ms/token with gamma fixed at 1..6 next to
    the cost-aware policy's choice (drafts per target call).
 
-Writes bench/results/step_profile_<shape>_<device>.txt (and .json).
+Writes bench/results/step_profile_<shape>_<device>[_fused].txt (and .json).
 """
 
 from __future__ import annotations
@@ -143,19 +143,19 @@ def products_section(device, dtype) -> tuple[str, dict]:
     data = {}
     for name, (n, k, kind) in PRODUCTS.items():
         for rows in (1, 6):
-            times = data[f"{name}, rows {rows}"] = {}
+            times = {}
             for label, fn in product_calls(n, k, rows, kind, device, dtype).items():
                 replay = graph_replay(lambda f=fn: [f() for _ in range(PRODUCT_CALLS)])
                 times[label] = 1e3 * triton.testing.do_bench(replay, warmup=25, rep=100, return_mode="median") / PRODUCT_CALLS
+            best = {f"best {family} tile": min((us, label.removeprefix("tile: ")) for label, us in times.items()
+                                               if label.startswith(f"tile: {kind_label}"))
+                    for family, kind_label in (("element-wise", "element-wise"), ("tensor-core", "tensor cores"))}
+            data[f"{name}, rows {rows}"] = {"us": times, "best tiles": best}
             cells = {"fused (tuned)": (times["fused"], ""), "unfused": (times["unfused"], ""),
-                     "cuBLAS product alone": (times.get("cuBLAS product alone"), "")}
-            for family, prefix in (("element-wise", "tile: element-wise"), ("tensor-core", "tile: tensor cores")):
-                cells[f"best {family} tile"] = min((us, label[len("tile: "):]) for label, us in times.items()
-                                                   if label.startswith(prefix))
-            times["best tiles"] = {key: list(value) for key, value in cells.items() if key.startswith("best")}
+                     "cuBLAS product alone": (times.get("cuBLAS product alone"), ""), **best}
             lines.append(f"| {name} | {rows} | " + " | ".join(
-                "-" if us is None else f"{us:.1f} ({n * k * dtype.itemsize / us / 1e3:.0f}){' ' + why if why else ''}"
-                for us, why in (cells[c] for c in columns)) + " |")
+                "-" if us is None else f"{us:.1f} ({n * k * dtype.itemsize / us / 1e3:.0f}){' ' + tile if tile else ''}"
+                for us, tile in (cells[c] for c in columns)) + " |")
     return "\n".join(lines), data
 
 

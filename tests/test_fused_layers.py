@@ -29,15 +29,22 @@ def _tolerance(dtype: torch.dtype) -> dict:
     return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 8e-3, "rtol": 2e-3}
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("rows", [1, 5, 17])  # one token; a speculative step's tokens; more than one row block
-def test_fused_linear_matches_its_pytorch_twin(dtype, rows):
+def _operands(rows: int, k: int, n: int, dtype: torch.dtype) -> tuple:
+    """x [rows, k], a weight [n, k] and bias, a layer norm's (gain, shift) over k, a residual stream [rows, n],
+    and the generator they came from (for more operands after them)."""
     generator = torch.Generator().manual_seed(rows)
-    k, n = 80, 300  # neither a multiple of the tiles
     x = (torch.randn(rows, k, generator=generator) * 3 + 1).to(dtype)
     weight, bias = (torch.randn(n, k, generator=generator) / 8).to(dtype), torch.randn(n, generator=generator).to(dtype)
     norm = ((torch.rand(k, generator=generator) + 0.5).to(dtype), torch.randn(k, generator=generator).to(dtype))
     stream = torch.randn(rows, n, generator=generator).to(dtype)
+    return x, weight, bias, norm, stream, generator
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("rows", [1, 5, 17])  # one token; a speculative step's tokens; more than one row block
+def test_fused_linear_matches_its_pytorch_twin(dtype, rows):
+    k = 80  # neither k nor n (300) a multiple of the tiles
+    x, weight, bias, norm, stream, _ = _operands(rows, k, 300, dtype)
     for flags in FLAGS:
         kwargs = {"norm": norm if flags.get("norm") else None, "activation": flags.get("activation"), "eps": 1e-5}
         expected = fused.linear_reference(x, weight, bias, **kwargs, residual=stream if flags.get("residual") else None)
@@ -57,12 +64,9 @@ def test_every_tile_the_gpu_may_choose_computes_the_same(dtype, rows, bucket):
     # On a GPU the tuner picks the fastest of `candidate_tiles(bucket)` per shape, so each candidate, element-wise or
     # tensor-core (16 rows, the others masked), must give the twin's values; the interpreter's own tile is
     # only one of them.
-    generator = torch.Generator().manual_seed(rows)
-    k, n, heads, head_dim = 600, 72, 2, 16  # the products walk several tiles deep, not a multiple of them
-    x = (torch.randn(rows, k, generator=generator) * 3 + 1).to(dtype)
-    weight, bias = (torch.randn(n, k, generator=generator) / 8).to(dtype), torch.randn(n, generator=generator).to(dtype)
-    norm = ((torch.rand(k, generator=generator) + 0.5).to(dtype), torch.randn(k, generator=generator).to(dtype))
-    stream = torch.randn(rows, n, generator=generator).to(dtype)
+    heads, head_dim = 2, 16
+    # k = 600: the products walk several tiles deep, not a multiple of them
+    x, weight, bias, norm, stream, generator = _operands(rows, 600, 72, dtype)
     width = heads * head_dim
     qkv_weight = (torch.randn(3 * width, width, generator=generator) / 8).to(dtype)
     qkv_bias = torch.randn(3 * width, generator=generator).to(dtype)

@@ -40,20 +40,24 @@ _GELU_SCALE = tl.constexpr(0.7071067811865476)  # 1/sqrt(2): exact (erf) GELU, a
 
 
 @triton.jit
+def _row_tile(x_ptr, rows, x_stride, k, k_in):
+    """fp32 x[rows, k] (rows all in range; columns past k_in read as 0) and its [rows, columns] mask."""
+    ok = (rows[:, None] >= 0) & (k[None, :] < k_in)  # the column bound, broadcast over the rows
+    return tl.load(x_ptr + rows[:, None] * x_stride + k[None, :], mask=ok, other=0.0).to(tl.float32), ok
+
+
+@triton.jit
 def _row_stats(x_ptr, rows, x_stride, k_in, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """Mean and 1/std of rows `rows` (all in range) of x over k_in columns, in two passes (no cancellation)."""
     cols = tl.arange(0, BLOCK_K)
     total = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, k_in, BLOCK_K):
-        k = k0 + cols
-        ok = (rows[:, None] >= 0) & (k[None, :] < k_in)  # the column bound, as a [rows, columns] mask
-        total += tl.sum(tl.load(x_ptr + rows[:, None] * x_stride + k[None, :], mask=ok, other=0.0).to(tl.float32), 1)
+        xk, _ = _row_tile(x_ptr, rows, x_stride, k0 + cols, k_in)
+        total += tl.sum(xk, 1)
     mean = total / k_in
     squares = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, k_in, BLOCK_K):
-        k = k0 + cols
-        ok = (rows[:, None] >= 0) & (k[None, :] < k_in)  # the column bound, as a [rows, columns] mask
-        xk = tl.load(x_ptr + rows[:, None] * x_stride + k[None, :], mask=ok, other=0.0).to(tl.float32)
+        xk, ok = _row_tile(x_ptr, rows, x_stride, k0 + cols, k_in)
         centred = tl.where(ok, xk - mean[:, None], 0.0)
         squares += tl.sum(centred * centred, 1)
     return mean, 1.0 / tl.sqrt(squares / k_in + eps)
