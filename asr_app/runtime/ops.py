@@ -11,6 +11,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # Up to this many rows a CPU fp32 projection with an unpacked weight runs as W @ x^T (see `linear`).
 SKINNY_ROWS = 16
+# Fewer rows than this are padded (with copies of the first) before a oneDNN product with a packed weight: for
+# one row oneDNN may split the sum between threads, and for two or three it took a slower path than for four
+# (docs/runtime.md, "Rows per packed product"). Each row's result is the same for any row count from two on.
+PACKED_MIN_ROWS = 4
 ACTIVATIONS = (None, "gelu")
 # How many rows an int8 weight multiplies through the int8 matrix-vector kernel (half the bytes of bf16, and
 # less fixed cost per call than oneDNN) before its bf16 copy is faster: the kernel reads the weight once per
@@ -130,16 +134,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Int8Weight, bias: torch.Tenso
 
 def _packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    activation: str | None) -> torch.Tensor:
-    """oneDNN with a packed weight. A single row is doubled: for one row oneDNN may split the sum over k
-    between threads, and a token's values would then depend on how many tokens shared its step (the
-    speculative modes must see the same numbers as target-only decoding). From two rows on, each row's
-    result is the same whatever the row count and its place among them (tested)."""
+    """oneDNN with a packed weight, over at least PACKED_MIN_ROWS rows. For one row oneDNN may split the sum
+    over k between threads, and a token's values would then depend on how many tokens shared its step (the
+    speculative modes must see the same numbers as target-only decoding); from two rows on, each row's
+    result is the same whatever the row count and its place among them (tested). Two or three rows also
+    took a slower path than four, which stream the weight at the same cost."""
     rows = x.numel() // x.shape[-1]
     if rows == 0:
         return x.new_zeros(*x.shape[:-1], weight.shape[0])
     flat = x.reshape(rows, x.shape[-1])
-    if rows == 1:
-        flat = torch.cat([flat, flat])
+    if rows < PACKED_MIN_ROWS:
+        flat = torch.cat([flat, flat[:1].expand(PACKED_MIN_ROWS - rows, -1)])
     out = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), weight, bias, activation or "none", [],
                                              "none" if activation else "")
     return out[:rows].reshape(*x.shape[:-1], weight.shape[0])
