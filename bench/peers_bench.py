@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from report_io import cpu_facts
 
 from asr_app.audio import load_audio
 from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
@@ -169,7 +169,10 @@ def measure(names: list[str], shared: Path, threads: int, repeats: int, keep_fre
 def table(report: dict) -> str:
     rows = report["engines"]
     off = rows.get("ours off")
-    lines = ["| engine | RTFx | vs faster-whisper int8 | decoding loop (s) | loop vs ours off | tokens/target call "
+    cpu = report.get("config", {}).get("cpu", {})
+    lines = [f"CPU: {cpu.get('model name', cpu.get('processor', '?'))} (family {cpu.get('cpu family', '?')}, "
+             f"model {cpu.get('model', '?')}), {cpu.get('fp32 GFLOP/s', '?')} GFLOP/s fp32 in one packed product",
+             "", "| engine | RTFx | vs faster-whisper int8 | decoding loop (s) | loop vs ours off | tokens/target call "
              "| acceptance | WER |", "|---|---|---|---|---|---|---|---|"]
     fw = rows.get("faster-whisper int8")
     for name, r in rows.items():
@@ -228,7 +231,7 @@ def main(argv=None) -> None:
           f"malloc: {allocator}", flush=True)
     report = measure(names, args.shared, args.threads, args.repeats, not args.default_allocator)
     report["config"] = {"repeats": args.repeats, "threads": args.threads, "malloc": allocator,
-                        "torch": torch.__version__, "machine": platform.processor() or platform.machine()}
+                        "torch": torch.__version__, "cpu": cpu_facts(args.threads)}
     print(table(report))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))

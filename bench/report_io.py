@@ -12,3 +12,35 @@ def save_results(out: Path, data: dict, table: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=2))
     out.with_suffix(".md").write_text(table + "\n")
+
+
+def cpu_facts(threads: int) -> dict:
+    """What CPU a result came from: its name and family/model (Linux), and the fp32 rate of one encoder-shaped
+    product (1500 x 384 x 1536) through the runtime's own packed path on `threads` threads, measured now.
+    CPU figures are only comparable between machines of the same kind; this says which kind it was."""
+    import platform
+    import time
+
+    import torch
+
+    from asr_app.runtime.ops import linear, pack
+
+    facts = {"processor": platform.processor() or platform.machine()}
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        first_cpu = cpuinfo.read_text().split("\n\n")[0].splitlines()
+        fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first_cpu)}
+        facts.update({name: fields[name] for name in ("model name", "cpu family", "model") if name in fields})
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x, weight = torch.randn(1500, 384), pack(torch.randn(1536, 384))
+        linear(x, weight)
+        start, rounds = time.perf_counter(), 20
+        for _ in range(rounds):
+            linear(x, weight)
+        seconds = (time.perf_counter() - start) / rounds
+    finally:
+        torch.set_num_threads(before)
+    facts["fp32 GFLOP/s"] = round(2 * 1500 * 384 * 1536 / seconds / 1e9)
+    return facts

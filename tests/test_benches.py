@@ -70,3 +70,17 @@ def test_stream_bench_reports_each_variant_under_its_own_names(tmp_path):
     assert {name: (row["mode"], row["policy"], row["reuse_hypothesis"]) for name, row in modes.items()} == {
         "off+reuse local-agreement": ("off", "local-agreement", True), "off+reuse alignatt": ("off", "alignatt", True)}
     assert all(row["words"] > 0 and row["clips"] == 1 and row["rtf"] > 0 for row in modes.values())
+
+
+def test_peers_bench_names_the_cpu_its_figures_came_from():
+    # CPU figures are comparable only between machines of one kind (docs/runtime.md, "CPU, a Zen 4 VM"): the
+    # report says which CPU, and its fp32 rate measured in the same run.
+    code = ("import json, peers_bench, report_io; facts = report_io.cpu_facts(1); "
+            "print(json.dumps(facts)); print(peers_bench.table({'engines': {}, 'config': {'cpu': facts}}))")
+    out = run_bench("-c", code).splitlines()
+    facts = json.loads(out[0])
+    assert facts["fp32 GFLOP/s"] > 0 and facts["processor"]
+    if Path("/proc/cpuinfo").exists():
+        assert facts["model name"] and facts["cpu family"].isdigit()
+    assert out[1].startswith(f"CPU: {facts.get('model name', facts['processor'])}")
+    assert f"{facts['fp32 GFLOP/s']} GFLOP/s fp32" in out[1]
