@@ -229,9 +229,10 @@ def main(argv=None) -> None:
     allocator = "glibc defaults" if args.default_allocator else "freed memory kept"
     print(f"13 clips, {args.repeats} repeats, {args.threads} threads, one process per engine and repeat, "
           f"malloc: {allocator}", flush=True)
+    cpu = cpu_facts(args.threads)  # before the engines run, on an idle process
     report = measure(names, args.shared, args.threads, args.repeats, not args.default_allocator)
     report["config"] = {"repeats": args.repeats, "threads": args.threads, "malloc": allocator,
-                        "torch": torch.__version__, "cpu": cpu_facts(args.threads)}
+                        "torch": torch.__version__, "cpu": cpu}
     print(table(report))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
