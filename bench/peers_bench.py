@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from report_io import cpu_facts
+from report_io import cpu_facts, describe_cpu
 
 from asr_app.audio import load_audio
 from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
@@ -169,10 +169,7 @@ def measure(names: list[str], shared: Path, threads: int, repeats: int, keep_fre
 def table(report: dict) -> str:
     rows = report["engines"]
     off = rows.get("ours off")
-    cpu = report.get("config", {}).get("cpu", {})
-    lines = [f"CPU: {cpu.get('model name', cpu.get('processor', '?'))} (family {cpu.get('cpu family', '?')}, "
-             f"model {cpu.get('model', '?')}), {cpu.get('fp32 GFLOP/s', '?')} GFLOP/s fp32 in one packed product",
-             "", "| engine | RTFx | vs faster-whisper int8 | decoding loop (s) | loop vs ours off | tokens/target call "
+    lines = [describe_cpu(report.get("config", {}).get("cpu", {})), "", "| engine | RTFx | vs faster-whisper int8 | decoding loop (s) | loop vs ours off | tokens/target call "
              "| acceptance | WER |", "|---|---|---|---|---|---|---|---|"]
     fw = rows.get("faster-whisper int8")
     for name, r in rows.items():

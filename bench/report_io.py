@@ -46,3 +46,9 @@ def cpu_facts(threads: int) -> dict:
         torch.set_num_threads(before)
     facts["fp32 GFLOP/s"] = round(2 * 1500 * 384 * 1536 / seconds / 1e9)
     return facts
+
+
+def describe_cpu(facts: dict) -> str:
+    """One line naming the CPU of `cpu_facts` (keys a machine lacks show as '?')."""
+    return (f"CPU: {facts.get('model name', facts.get('processor', '?'))} (family {facts.get('cpu family', '?')}, "
+            f"model {facts.get('model', '?')}), {facts.get('fp32 GFLOP/s', '?')} GFLOP/s fp32 in one packed product")
