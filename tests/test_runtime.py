@@ -313,6 +313,34 @@ def test_reduced_head_keeps_greedy_output_and_speculates(tiny_en_pair):
         assert b.stats.target_calls < len(b.tokens) / 2  # the reduced draft still speculates well
 
 
+def test_a_tokens_scores_depend_on_its_steps_width_only_to_float_rounding(tiny_en_pair):
+    # Modes are token-identical at T = 0 because a token scores the same in a one-row step (off) and a wider
+    # one (a speculative step). The projections are bit-identical at any row count (tested above); PyTorch's
+    # CPU attention is not, so the logits may differ by float rounding (docs/runtime.md, "A token's scores and
+    # its step's width"): far below the gaps between the top two tokens of real speech, and the same argmax.
+    from conftest import JFK_FLAC
+
+    decoder = SpeculativeDecoder(tiny_en_pair)
+    clip = load_clip(JFK_FLAC)
+    result = decoder.decode(clip, DecodingOptions(mode="off"))[0]
+    gc = tiny_en_pair.target.generation_config
+    ids = torch.tensor([[gc.decoder_start_token_id, gc.no_timestamps_token_id, *result.tokens]])
+    features = decoder.feature_extractor(clip, sampling_rate=16_000, return_tensors="pt").input_features
+    runtime = decoder.target_runtime
+    with torch.inference_mode():
+        hidden = decoder.target_encoder(features)
+        by_width = []
+        for width in (1, 6):
+            state = runtime.new_state(hidden)
+            steps = [runtime.step(state, ids[:, i : i + width]) for i in range(0, ids.shape[1], width)]
+            by_width.append(runtime.logits(torch.cat(steps, dim=1))[0])
+    one, six = by_width
+    assert one.shape == (ids.shape[1], runtime.head.space.size)
+    assert (one - six).abs().max() < 1e-3
+    assert torch.equal(one.argmax(-1), six.argmax(-1))
+    assert one[1:-1].argmax(-1).tolist() == result.tokens  # what off chose (after the rules, which agree here)
+
+
 def test_emulated_graphs_are_capture_safe_and_token_identical(tiny_en_pair):
     # Every captured step runs with host reads made to raise, from static input and output tensors that the
     # next call overwrites, the way a CUDA graph replays: tokens must equal the eager run's.
