@@ -12,6 +12,7 @@ from transformers import DynamicCache, EncoderDecoderCache
 
 from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
 from asr_app.decoding.engine import DRAFT_END_FRAMES
+from asr_app.decoding.prompt import build_prompt
 from asr_app.decoding.steps import Steps
 from asr_app.runtime import (
     DecoderRuntime,
@@ -323,8 +324,9 @@ def test_a_tokens_scores_depend_on_its_steps_width_only_to_float_rounding(tiny_e
     decoder = SpeculativeDecoder(tiny_en_pair)
     clip = load_clip(JFK_FLAC)
     result = decoder.decode(clip, DecodingOptions(mode="off"))[0]
-    gc = tiny_en_pair.target.generation_config
-    ids = torch.tensor([[gc.decoder_start_token_id, gc.no_timestamps_token_id, *result.tokens]])
+    prompt = build_prompt(tiny_en_pair.target.generation_config, decoder.tokenizer, language=None, task="transcribe",
+                          timestamps=False, previous_text=None, max_target_positions=decoder.max_positions)
+    ids = torch.tensor([[*prompt.tokens, *result.tokens]])
     features = decoder.feature_extractor(clip, sampling_rate=16_000, return_tensors="pt").input_features
     runtime = decoder.target_runtime
     with torch.inference_mode():
@@ -338,7 +340,7 @@ def test_a_tokens_scores_depend_on_its_steps_width_only_to_float_rounding(tiny_e
     assert one.shape == (ids.shape[1], runtime.head.space.size)
     assert (one - six).abs().max() < 1e-3
     assert torch.equal(one.argmax(-1), six.argmax(-1))
-    assert one[1:-1].argmax(-1).tolist() == result.tokens  # what off chose (after the rules, which agree here)
+    assert one[len(prompt.tokens) - 1 : -1].argmax(-1).tolist() == result.tokens  # what off chose (after the rules, which agree here)
 
 
 def test_emulated_graphs_are_capture_safe_and_token_identical(tiny_en_pair):
