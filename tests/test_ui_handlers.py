@@ -145,8 +145,7 @@ def test_ten_minute_recording_keeps_the_buffer_bounded(engine):
     sentences five minutes apart, so trimming after committed speech and the silence cut both
     run; decoding continuous speech for 10 minutes would not fit the test budget."""
     step_s = 10.0
-    long_engine = UiEngine(pair=engine.pair, base_options=engine.base_options,
-                           streaming=StreamingOptions(step_s=step_s), lock=engine.lock)
+    long_engine = engine.sharing(streaming=StreamingOptions(step_s=step_s))
     rng = np.random.default_rng(0)
     recording = (rng.standard_normal(600 * 16_000) * 3e-4).astype(np.float32)
     clip_ids = ["LJ001-0002", "LJ001-0008"]
@@ -173,19 +172,19 @@ def test_ten_minute_recording_keeps_the_buffer_bounded(engine):
 
 
 def test_live_decoding_slower_than_real_time_drops_oldest_audio_not_the_handler(engine):
-    """While another session holds the model (the engine's lock), chunks keep arriving: the
+    """While the decoder is busy elsewhere (the scheduler held), chunks keep arriving: the
     stream handler still returns at once (it only queues), the queue is capped and what was
     dropped is reported, and once the model is free the session finishes normally."""
     chunks = file_chunks(JFK_FLAC)
     session, _, _ = live_chunk(engine, chunks[0], None, "exact", 0.0)
     session.max_pending_s = 4.0
     max_pending = 0.0
-    with engine.lock:   # a decode of another session in progress
+    with engine.scheduler.hold():   # the decoder busy with other sessions' work
         for chunk in chunks[1:]:
             session, _, figures = live_chunk(engine, chunk, session, "exact", 0.0)
             max_pending = max(max_pending, session.pending_s)
     assert max_pending <= 4.0 + CHUNK_S
-    # How much the worker handed to the processor before its decode blocked on the lock depends on thread
+    # How much the worker handed to the processor before its decode waited on the held scheduler depends on thread
     # timing (about one step, 3 s); with the 4 s queue cap, seconds of the 11 s could not be kept.
     assert session.skipped_s >= 1.0
     assert "skipped" in figures and "slower than real time" in figures

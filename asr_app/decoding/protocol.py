@@ -25,9 +25,3 @@ class Decoder(Protocol):
         """Clips of at most 30 s (16 kHz mono float32) -> one result per clip. A prompt is earlier text, or
         earlier windows' token ids (timestamps included)."""
         ...
-
-    def decode_features(self, features, options: DecodingOptions | None = None,
-                        prompts: list[str | Sequence[int] | None] | None = None,
-                        hints: Sequence[Sequence[int] | None] | None = None) -> list[DecodingResult]:
-        """Log-mel features [B, mels, frames] -> one result per row."""
-        ...

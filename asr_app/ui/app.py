@@ -146,7 +146,7 @@ def build_app(engine: UiEngine) -> gr.Blocks:
                 _file_tab(engine, default_mode)
             with gr.Tab("Compare", id="compare"):
                 _compare_tab(engine)
-    # Several sessions may run at once; forward passes are still serialised by the engine's lock.
+    # Several sessions may run at once; their decodes share batches in the engine's scheduler.
     demo.queue(default_concurrency_limit=4)
     return demo
 

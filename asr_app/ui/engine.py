@@ -1,60 +1,30 @@
-"""The models behind the web app: loaded once per process, shared by every session.
+"""The models behind the web app and the API: loaded once per process, shared by every session.
 
-Each session (and each request) gets its own light `SpeculativeDecoder` over the one shared
-`ModelPair`, so a mode or temperature chosen in one browser tab never leaks into another.
-Forward passes over the shared modules are serialised by one lock: on a CPU two decodes at
-once only compete for the same cores, and the lock keeps the shared modules free of any
-cross-request surprises (transformers mutates configs in a few places).
+Each session (and each request) gets its own `ScheduledDecoder` with its own options, so a mode or
+temperature chosen in one browser tab never leaks into another. Every decode goes through the one
+`Scheduler` (asr_app/scheduler.py), which owns the `SpeculativeDecoder` and decodes the requests of all
+sessions in shared batches: no lock here. The engine also holds the service's bounds (`ServiceLimits`)
+and its live sessions (`SessionRegistry`), so every front end enforces the same ones.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from asr_app.decoding import DecodingOptions, DecodingResult, SpeculativeDecoder
-from asr_app.decoding.options import MODES, DecodingStats
+from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+from asr_app.decoding.options import MODES
 from asr_app.languages import LANGUAGES
+from asr_app.limits import ServiceLimits
 from asr_app.models import ModelPair
+from asr_app.scheduler import FILE, LIVE, ScheduledDecoder, Scheduler
+from asr_app.sessions import SessionRegistry
 from asr_app.streaming import StreamingOptions
 
 # Modes offered in the UI. "hf" (transformers' assisted generation) stays a CLI/evaluator anchor.
 UI_MODES = tuple(m for m in MODES if m != "hf")
 COMPARE_MODES = ("exact", "sigmoid", "baseline")
-
-
-class SessionDecoder:
-    """A session's decoder (the `Decoder` interface, decoding/protocol.py): the shared models behind the
-    engine's lock, with usage recorded, and the session's own decoding options."""
-
-    def __init__(self, decoder: SpeculativeDecoder, lock: threading.Lock, options: DecodingOptions):
-        self._decoder = decoder
-        self._lock = lock
-        self._options = options
-        self.usage: DecodingStats | None = None  # this session's decodes, summed (a running total: bounded)
-
-    @property
-    def pair(self) -> ModelPair:
-        return self._decoder.pair
-
-    @property
-    def options(self) -> DecodingOptions:
-        return self._options
-
-    def decode(self, audio, options: DecodingOptions | None = None, prompts=None, hints=None) -> list[DecodingResult]:
-        return self._locked(self._decoder.decode, audio, options or self._options, prompts, hints)
-
-    def decode_features(self, features, options: DecodingOptions | None = None, prompts=None,
-                        hints=None) -> list[DecodingResult]:
-        return self._locked(self._decoder.decode_features, features, options or self._options, prompts, hints)
-
-    def _locked(self, method, *args) -> list[DecodingResult]:
-        with self._lock:
-            results = method(*args)
-        parts = ([self.usage] if self.usage is not None else []) + [r.stats for r in results]
-        self.usage = DecodingStats.total(parts)
-        return results
 
 
 @dataclass
@@ -64,17 +34,28 @@ class UiEngine:
     pair: ModelPair
     base_options: DecodingOptions = field(default_factory=DecodingOptions)
     streaming: StreamingOptions = field(default_factory=StreamingOptions)
-    lock: threading.Lock = field(default_factory=threading.Lock)
     decoder: SpeculativeDecoder | None = None  # shared by every session (built once: runtimes, measured costs)
+    scheduler: Scheduler | None = None         # owns the decoder; several engines may share one
+    limits: ServiceLimits = field(default_factory=ServiceLimits)
+    sessions: SessionRegistry | None = None
 
     def __post_init__(self) -> None:
         if self.decoder is None:
             self.decoder = SpeculativeDecoder(self.pair, self.base_options)
+        if self.scheduler is None:
+            self.scheduler = Scheduler(self.decoder)
+        if self.sessions is None:
+            self.sessions = SessionRegistry(self.limits.max_sessions)
 
     @classmethod
-    def from_decoder(cls, decoder: SpeculativeDecoder, streaming: StreamingOptions | None = None) -> UiEngine:
+    def from_decoder(cls, decoder: SpeculativeDecoder, streaming: StreamingOptions | None = None,
+                     limits: ServiceLimits | None = None) -> UiEngine:
         return cls(pair=decoder.pair, base_options=decoder.options, streaming=streaming or StreamingOptions(),
-                   decoder=decoder)
+                   decoder=decoder, limits=limits or ServiceLimits())
+
+    def sharing(self, **changes: Any) -> UiEngine:
+        """The same decoder, scheduler and sessions with other settings (e.g. streaming options)."""
+        return replace(self, **changes)
 
     @property
     def has_draft(self) -> bool:
@@ -110,8 +91,13 @@ class UiEngine:
             raise ValueError(f"unknown language {language!r}")
         return replace(self.base_options, mode=mode, temperature=float(temperature), language=code, **overrides)
 
-    def session_decoder(self, mode: str, temperature: float, language: str = "auto", **overrides: Any) -> SessionDecoder:
-        return SessionDecoder(self.decoder, self.lock, self.options(mode, temperature, language, **overrides))
+    def session_decoder(self, mode: str, temperature: float, language: str = "auto", *, live: bool = False,
+                        session: str = "", **overrides: Any) -> ScheduledDecoder:
+        """A decoder for one session or request: its own options, its decodes queued on the shared scheduler
+        (live ones first), `session` its fairness key (one row per session per batch)."""
+        options = self.options(mode, temperature, language, **overrides)
+        return self.scheduler.client(options, priority=LIVE if live else FILE, session=session,
+                                     timeout_s=None if live else self.limits.request_timeout_s)
 
     def describe(self) -> dict[str, str]:
         pair = self.pair
@@ -119,11 +105,20 @@ class UiEngine:
             draft = "none (target-only decoding)"
         else:
             encoder = "shares the target's encoder" if pair.shared_encoder else "runs its own encoder"
-            draft = f"{pair.draft_name} ({encoder})"
+            draft = f"{public_name(pair.draft_name)} ({encoder})"
         return {
-            "target": str(pair.target_name),
+            "target": public_name(pair.target_name),
             "draft": draft,
             "device": str(pair.device),
             "dtype": str(pair.dtype).removeprefix("torch."),
             "draft_dtype": str(pair.draft_dtype).removeprefix("torch.") if pair.draft_dtype else None,
         }
+
+
+def public_name(name: object) -> str:
+    """A model's name as visitors may see it: a hub id as it is, a local folder by its last part only (the
+    server's paths are nobody else's business)."""
+    text = str(name)
+    if text.startswith(("/", "~", ".")) or Path(text).expanduser().exists():
+        return Path(text.rstrip("/")).name or text
+    return text

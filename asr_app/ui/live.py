@@ -12,185 +12,49 @@ missing from the middle of sentences). The stream handler therefore only queues 
 returns the text decoded so far; decoding happens beside it, over all the audio that arrived
 meanwhile.
 
-Memory stays bounded however long the recording: the session keeps text and counters, the
-processor's buffer is trimmed to at most its 30 s window, and audio waiting for the worker is
-capped at `MAX_PENDING_S` (the oldest is dropped, and reported, if decoding falls that far
-behind real time).
+The session itself (queue, worker, bounded memory) is `asr_app.sessions.LiveSession`, shared with the
+WebSocket endpoint of `asr-serve`. Every chunk is checked against the engine's `ServiceLimits` before it
+is converted (a claimed rate outside 8-192 kHz, a chunk too long), and a new recording beyond
+`max_sessions` gets a "busy" message.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS, AudioLoadError, prepare_audio
-from asr_app.streaming import StreamEvent, StreamingProcessor
-from asr_app.ui.engine import SessionDecoder, UiEngine
+from asr_app.audio import AudioLoadError, prepare_audio
+from asr_app.limits import LimitExceeded
+from asr_app.sessions import MAX_PENDING_S, LiveSession, SessionsFull
+from asr_app.streaming import StreamingProcessor
+from asr_app.ui.engine import UiEngine
 from asr_app.ui.text import live_transcript_html
 
 log = logging.getLogger(__name__)
 
 BrowserChunk = tuple[int, np.ndarray]
-MAX_PENDING_S = WINDOW_SECONDS  # audio waiting for the worker beyond this is dropped (decoding too slow)
-WORKER_IDLE_EXIT_S = 60.0  # a worker with nothing to do for this long exits (a new chunk restarts it)
-
-
-@dataclass
-class LiveSession:
-    """Everything one browser session's recording needs (lives in that session's gr.State).
-
-    The stream handler and the worker share the fields below under `lock`; the processor is
-    touched only by the worker (and by `finish` once the worker has stopped).
-    """
-
-    decoder: SessionDecoder
-    processor: StreamingProcessor
-    mode: str
-    temperature: float
-    committed: list[str] = field(default_factory=list)
-    partial: str = ""
-    audio_s: float = 0.0            # 16 kHz audio received from the browser
-    processed_s: float = 0.0        # audio handed to the processor
-    skipped_s: float = 0.0          # audio dropped because decoding fell MAX_PENDING_S behind
-    compute_s: float = 0.0          # time the worker spent in the processor (for the real-time factor)
-    last_update_s: float | None = None      # arrival of the newest audio in the text -> text ready
-    last_commit_lag_s: float | None = None  # emission minus audio end of the last committed text
-    chunks: int = 0
-    finished: bool = False
-    message: str = ""               # the last problem to show the user, if any
-    max_pending_s: float = MAX_PENDING_S
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _changed: threading.Condition = field(init=False, repr=False)
-    _pending: deque = field(default_factory=deque, repr=False)  # (arrival time, 16 kHz samples)
-    _pending_samples: int = 0
-    _busy: bool = False
-    _stop: bool = False
-    _worker: threading.Thread | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        self._changed = threading.Condition(self.lock)
-
-    # -- read by the UI (callers hold no lock; each property is one consistent read) ---------
-
-    @property
-    def committed_text(self) -> str:
-        return " ".join(part.strip() for part in self.committed if part.strip())
-
-    @property
-    def buffer_s(self) -> float:
-        """Audio held by the processor (bounded by its trimming, whatever the recording's length)."""
-        return float(self.processor.buffer_seconds)
-
-    @property
-    def pending_s(self) -> float:
-        return self._pending_samples / SAMPLE_RATE
-
-    @property
-    def real_time_factor(self) -> float | None:
-        return self.compute_s / self.processed_s if self.processed_s > 0 else None
-
-    # -- the stream handler's side -----------------------------------------------------------
-
-    def feed(self, audio: np.ndarray) -> None:
-        """Queue 16 kHz audio for the worker and make sure a worker is running; never blocks on decoding."""
-        with self.lock:
-            self.chunks += 1
-            if self.message.startswith("Skipped a microphone chunk"):
-                self.message = ""   # that problem is over: this chunk was fine
-            if not audio.size:
-                return
-            self._pending.append((time.monotonic(), audio))
-            self._pending_samples += audio.size
-            self.audio_s += audio.size / SAMPLE_RATE
-            while self._pending_samples > self.max_pending_s * SAMPLE_RATE and len(self._pending) > 1:
-                _, dropped = self._pending.popleft()
-                self._pending_samples -= dropped.size
-                self.skipped_s += dropped.size / SAMPLE_RATE
-                self.message = (f"Decoding is slower than real time here: skipped {self.skipped_s:.1f} s "
-                                "of audio to keep up.")
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._run, name="asr-live-session", daemon=True)
-                self._worker.start()
-            self._changed.notify_all()
-
-    def drain(self, timeout: float | None = None) -> bool:
-        """Wait until the worker has processed all queued audio (the tests pace chunks with it)."""
-        with self._changed:
-            return self._changed.wait_for(lambda: not self._pending and not self._busy, timeout)
-
-    def stop_and_finish(self) -> None:
-        """Process the queued audio, stop the worker, then flush the processor (commits the tail)."""
-        self.drain()
-        with self._changed:
-            self._stop = True
-            worker = self._worker
-            self._changed.notify_all()
-        if worker is not None:
-            worker.join()
-        events = self.processor.finish()
-        with self.lock:
-            self._apply(events)
-            self.partial = ""
-            self.finished = True
-
-    # -- the worker ---------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            with self._changed:
-                self._changed.wait_for(lambda: self._pending or self._stop, WORKER_IDLE_EXIT_S)
-                if self._stop or not self._pending:
-                    self._worker = None   # idle or stopped: a later chunk starts a new worker
-                    self._changed.notify_all()
-                    return
-                batch = list(self._pending)
-                self._pending.clear()
-                self._pending_samples = 0
-                self._busy = True
-            started = time.monotonic()
-            events: list[StreamEvent] = []
-            problem = ""
-            try:
-                for _, audio in batch:
-                    self.processor.insert_audio(audio)
-                events = self.processor.process()
-            except Exception as exc:  # shown in the page, never a traceback
-                log.exception("live transcription failed")
-                problem = f"Transcription failed: {type(exc).__name__}: {exc}"
-            finally:
-                done = time.monotonic()
-                with self._changed:
-                    self._apply(events)
-                    self.processed_s += sum(audio.size for _, audio in batch) / SAMPLE_RATE
-                    self.compute_s += done - started
-                    if events or problem:
-                        self.last_update_s = done - batch[-1][0]
-                    if problem:
-                        self.message = problem
-                    self._busy = False
-                    self._changed.notify_all()
-
-    def _apply(self, events: list[StreamEvent]) -> None:
-        for event in events:
-            if event.kind == "commit":
-                self.committed.append(event.text)
-                self.partial = ""
-                # whisper_streaming's latency: emission time minus the committed audio's end
-                # (both in seconds from the stream's first sample).
-                self.last_commit_lag_s = max(0.0, event.emitted_at - event.end)
-            elif event.kind == "partial":
-                self.partial = event.text
+__all__ = ["MAX_PENDING_S", "LiveSession", "live_chunk", "live_stop", "live_reset", "new_session"]
 
 
 def new_session(engine: UiEngine, mode: str, temperature: float, language: str = "auto") -> LiveSession:
-    decoder = engine.session_decoder(mode, temperature, language)
-    processor = StreamingProcessor(decoder, engine.streaming)
-    return LiveSession(decoder=decoder, processor=processor, mode=mode, temperature=float(temperature))
+    """A registered live session (raises ValueError for options this launch cannot run, SessionsFull when
+    every session is taken)."""
+    session = LiveSession(decoder=None, processor=None, mode=mode, temperature=float(temperature),  # type: ignore[arg-type]
+                          max_pending_s=min(MAX_PENDING_S, engine.limits.max_pending_s))
+    session.decoder = engine.session_decoder(mode, temperature, language, live=True, session=session.session_id)
+    session.processor = StreamingProcessor(session.decoder, engine.streaming)
+    return engine.sessions.open(session)
+
+
+def convert_chunk(engine: UiEngine, rate: object, samples: np.ndarray, source: str) -> np.ndarray:
+    """A client's chunk -> 16 kHz mono float32, after the bounds (rate, length) are checked on the claim:
+    nothing is resampled before that."""
+    checked = engine.limits.check_rate(rate)
+    samples = np.asarray(samples)
+    frames = samples.shape[0] if samples.ndim == 1 else max(samples.shape) if samples.ndim == 2 else samples.size
+    engine.limits.check_chunk(int(frames), checked)
+    return prepare_audio(samples, checked, source=source)
 
 
 def _format_seconds(value: float | None, unit: str = "s") -> str:
@@ -240,12 +104,12 @@ def live_chunk(engine: UiEngine, chunk: BrowserChunk | None, session: LiveSessio
     if session is None:
         try:
             session = new_session(engine, mode, temperature, language)
-        except ValueError as exc:  # a mode this launch cannot run
+        except (ValueError, SessionsFull) as exc:  # a mode this launch cannot run; a full house
             return None, live_transcript_html("", ""), f"**{exc}**"
     try:
         rate, samples = chunk
-        audio = prepare_audio(samples, int(rate), source="microphone chunk")
-    except (AudioLoadError, TypeError, ValueError) as exc:
+        audio = convert_chunk(engine, rate, samples, "microphone chunk")
+    except (AudioLoadError, LimitExceeded, TypeError, ValueError) as exc:
         with session.lock:
             session.message = f"Skipped a microphone chunk: {exc}"
         return live_outputs(session)

@@ -1,0 +1,348 @@
+"""One queue per device: every decode request (a live re-decode, a file's window, an API call) becomes a
+row of a shared batch, decoded by one worker thread through the one `SpeculativeDecoder`.
+
+Front ends never lock the model. They hold a `ScheduledDecoder` (the `Decoder` interface,
+decoding/protocol.py) whose `decode` submits one request per clip and waits for the results; the
+pipelines above it (streaming, long-form) do not know they share a device.
+
+How the worker picks a batch (docs/serving.md):
+- priority first: live re-decodes before file and API windows (a person is waiting on each word);
+- fairness: one request per session per round; a session's further requests wait until every other
+  session with work has had one;
+- compatibility: rows of one batch share their decoding options (mode, temperature, language, task,
+  timestamps, word timing); the rest wait for a later batch;
+- size: the number of rows whose measured time per row is lowest on this device (`BatchSizer`); a size is
+  tried only while the sizes below it kept paying, so a batch is never kept larger than its measured
+  break-even. On a 2-core CPU this settles on small batches (the encoder over a 30 s window dominates);
+  on a GPU, where a one-row step leaves the device idle, on large ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from asr_app.decoding.options import DecodingOptions, DecodingResult, DecodingStats
+
+log = logging.getLogger(__name__)
+
+LIVE = 0   # priorities: lower is served first
+FILE = 1
+PRIORITY_NAMES = {LIVE: "live", FILE: "file"}
+
+
+class SchedulerBusy(RuntimeError):
+    """The queue is full: the caller should say "busy" rather than wait."""
+
+
+class SchedulerClosed(RuntimeError):
+    """The scheduler was shut down; no more requests are taken."""
+
+
+@dataclass(frozen=True)
+class SchedulerOptions:
+    max_rows: int | None = None     # largest batch tried; None: 8 on a CPU, 32 on a GPU
+    max_queue: int = 512            # waiting requests beyond this are refused with SchedulerBusy
+    sizer_memory: float = 0.2       # weight of a new measurement in a size's running cost
+    latency_window: int = 2048      # recent request latencies kept for the metrics
+
+
+class BatchSizer:
+    """Chooses how many rows to decode together from the time per row it has measured per batch size.
+
+    Sizes are powers of two up to `max_rows`. A size that was never measured is tried only when every
+    measured smaller size cost less per row than one row at a time did (batching still paid off below
+    it); otherwise the measured size with the lowest time per row wins. So a device where batching does
+    not pay (a CPU, for short re-decodes) settles on one row, never on a slower larger batch.
+    """
+
+    def __init__(self, max_rows: int, memory: float = 0.2) -> None:
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        self.sizes = [s for s in (1 << k for k in range(12)) if s <= max_rows]
+        self.memory = memory
+        self.cost: dict[int, float] = {}   # batch size -> running seconds per row
+
+    def choose(self, ready: int) -> int:
+        """The batch size for `ready` compatible requests (at least 1, at most `ready`)."""
+        usable = [s for s in self.sizes if s <= max(1, ready)]
+        for size in usable:
+            if size not in self.cost:
+                half = size // 2
+                if size == 1 or (half in self.cost and self.cost[half] <= self.cost.get(1, float("inf"))):
+                    return size   # batching has paid up to half this size: measure this one
+                break
+        measured = [s for s in usable if s in self.cost]
+        return min(measured, key=self.cost.__getitem__) if measured else 1
+
+    def record(self, rows: int, seconds: float) -> None:
+        size = max(s for s in self.sizes if s <= rows) if rows >= 1 else 1
+        per_row = seconds / rows
+        old = self.cost.get(size)
+        self.cost[size] = per_row if old is None else (1 - self.memory) * old + self.memory * per_row
+
+    def snapshot(self) -> dict[int, float]:
+        return dict(sorted(self.cost.items()))
+
+
+@dataclass
+class _Request:
+    clip: np.ndarray
+    options: DecodingOptions
+    prompt: Any
+    hint: Sequence[int] | None
+    priority: int
+    session: str
+    future: Future
+    submitted: float = field(default_factory=time.monotonic)
+    order: int = 0
+
+
+@dataclass
+class SchedulerMetrics:
+    """What /metrics and the benches read (a consistent copy, see `Scheduler.metrics`)."""
+
+    queue_depth: int = 0
+    batches: int = 0
+    rows: int = 0
+    rows_per_batch: dict[int, int] = field(default_factory=dict)   # batch size -> batches of that size
+    failed: int = 0
+    busy_s: float = 0.0
+    audio_s: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    latencies: dict[str, list[float]] = field(default_factory=dict)  # priority name -> recent seconds
+    sizer: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+
+class Scheduler:
+    """Owns the decoder: one worker thread decodes the queued requests in batches (see the module doc)."""
+
+    def __init__(self, decoder, options: SchedulerOptions = SchedulerOptions()) -> None:
+        self.decoder = decoder
+        self.options = options
+        cuda = getattr(getattr(decoder.pair, "device", None), "type", "cpu") == "cuda"
+        self.sizer = BatchSizer(options.max_rows or (32 if cuda else 8), options.sizer_memory)
+        self._queue: list[_Request] = []
+        self._cond = threading.Condition()
+        self._order = itertools.count()
+        self._served: dict[str, int] = {}   # session -> round it was last served in
+        self._round = 0
+        self._held = 0
+        self._closed = False
+        self._metrics = SchedulerMetrics()
+        self._latencies = {name: deque(maxlen=options.latency_window) for name in PRIORITY_NAMES.values()}
+        self._worker = threading.Thread(target=self._run, name="asr-scheduler", daemon=True)
+        self._worker.start()
+
+    # -- the callers' side -------------------------------------------------------------------
+    @property
+    def pair(self):
+        return self.decoder.pair
+
+    def submit(self, clip: np.ndarray, options: DecodingOptions, prompt: Any = None,
+               hint: Sequence[int] | None = None, *, priority: int = FILE, session: str = "") -> Future:
+        """Queue one clip (16 kHz mono float32, at most 30 s); the future holds its DecodingResult."""
+        future: Future = Future()
+        with self._cond:
+            if self._closed:
+                raise SchedulerClosed("the decoder is shutting down")
+            if len(self._queue) >= self.options.max_queue:
+                raise SchedulerBusy(f"the decoder has {len(self._queue)} requests waiting; try again shortly")
+            self._queue.append(_Request(clip, options, prompt, hint, priority, session, future,
+                                        order=next(self._order)))
+            self._cond.notify_all()
+        return future
+
+    def client(self, options: DecodingOptions | None = None, *, priority: int = FILE, session: str = "",
+               timeout_s: float | None = None) -> ScheduledDecoder:
+        return ScheduledDecoder(self, options or self.decoder.options, priority, session, timeout_s)
+
+    def cancel(self, future: Future) -> bool:
+        """Drop a request that has not started (a caller that gave up); False once it is decoding."""
+        with self._cond:
+            for request in self._queue:
+                if request.future is future:
+                    self._queue.remove(request)
+                    future.cancel()
+                    return True
+        return False
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Keep the worker from starting new batches (tests: "the model is busy elsewhere")."""
+        with self._cond:
+            self._held += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held -= 1
+                self._cond.notify_all()
+
+    def metrics(self) -> SchedulerMetrics:
+        with self._cond:
+            m = self._metrics
+            return SchedulerMetrics(
+                queue_depth=len(self._queue), batches=m.batches, rows=m.rows,
+                rows_per_batch=dict(m.rows_per_batch), failed=m.failed, busy_s=m.busy_s, audio_s=m.audio_s,
+                drafted=m.drafted, accepted=m.accepted,
+                latencies={k: list(v) for k, v in self._latencies.items()}, sizer=self.sizer.snapshot())
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Refuse new requests, fail the waiting ones, let the running batch finish."""
+        with self._cond:
+            self._closed = True
+            waiting, self._queue = self._queue, []
+            self._cond.notify_all()
+        for request in waiting:
+            request.future.set_exception(SchedulerClosed("the decoder is shutting down"))
+        self._worker.join(timeout)
+
+    # -- the worker ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._closed or (self._queue and not self._held))
+                if self._closed:
+                    return
+                batch = self._take_batch()
+            self._decode(batch)
+
+    def _take_batch(self) -> list[_Request]:
+        """Called under the lock: the next batch, removed from the queue (see the module doc)."""
+        def rank(r: _Request) -> tuple:
+            # Sessions served in an earlier round come first; within a round, priority then arrival.
+            return (r.priority, self._served.get(r.session, -1), r.order)
+
+        ordered = sorted(self._queue, key=rank)
+        head = ordered[0]
+        compatible, sessions = [], set()
+        for request in ordered:
+            if request.options != head.options or request.priority != head.priority:
+                continue
+            if request.session in sessions and request.session:
+                continue   # one row per session per batch: the others get theirs first
+            compatible.append(request)
+            sessions.add(request.session)
+        batch = compatible[: self.sizer.choose(len(compatible))]
+        for request in batch:
+            self._queue.remove(request)
+            self._served[request.session] = self._round
+        self._round += 1
+        if len(self._served) > 4 * self.options.max_queue:   # forget sessions long gone (bounded memory)
+            live = {r.session for r in self._queue}
+            self._served = {s: k for s, k in self._served.items() if s in live}
+        return batch
+
+    def _decode(self, batch: list[_Request]) -> None:
+        batch = [r for r in batch if r.future.set_running_or_notify_cancel()]
+        if not batch:
+            return
+        started = time.perf_counter()
+        outcomes = self._outcomes(batch)
+        elapsed = time.perf_counter() - started
+        self.sizer.record(len(batch), elapsed)
+        now = time.monotonic()
+        with self._cond:
+            m = self._metrics
+            m.batches += 1
+            m.rows += len(batch)
+            m.rows_per_batch[len(batch)] = m.rows_per_batch.get(len(batch), 0) + 1
+            m.busy_s += elapsed
+            for request, outcome in zip(batch, outcomes):
+                self._latencies[PRIORITY_NAMES[request.priority]].append(now - request.submitted)
+                if isinstance(outcome, BaseException):
+                    m.failed += 1
+                    continue
+                m.audio_s += request.clip.size / 16_000
+                m.drafted += outcome.stats.drafted
+                m.accepted += outcome.stats.accepted
+        for request, outcome in zip(batch, outcomes):
+            if isinstance(outcome, BaseException):
+                request.future.set_exception(outcome)
+            else:
+                request.future.set_result(outcome)
+
+    def _outcomes(self, batch: list[_Request]) -> list[DecodingResult | BaseException]:
+        """Results of the batch in one decode; if it fails, row by row, so a bad row fails alone."""
+        options = batch[0].options
+        try:
+            return list(self.decoder.decode([r.clip for r in batch], options, prompts=[r.prompt for r in batch],
+                                            hints=[r.hint for r in batch]))
+        except Exception as exc:  # noqa: BLE001 - retried per row below
+            if len(batch) == 1:
+                log.info("decode failed: %s: %s", type(exc).__name__, exc)
+                return [exc]
+        outcomes: list[DecodingResult | BaseException] = []
+        for r in batch:
+            try:
+                outcomes.append(self.decoder.decode([r.clip], options, prompts=[r.prompt], hints=[r.hint])[0])
+            except Exception as exc:  # noqa: BLE001
+                outcomes.append(exc)
+        return outcomes
+
+
+class ScheduledDecoder:
+    """A caller's view of the scheduler with its own options (the `Decoder` interface): `decode` queues one
+    request per clip and waits for them. `usage` sums this caller's decodes (a running total: bounded)."""
+
+    def __init__(self, scheduler: Scheduler, options: DecodingOptions, priority: int, session: str,
+                 timeout_s: float | None) -> None:
+        self.scheduler = scheduler
+        self._options = options
+        self.priority = priority
+        self.session = session
+        self.timeout_s = timeout_s
+        self.usage: DecodingStats | None = None
+
+    @property
+    def pair(self):
+        return self.scheduler.pair
+
+    @property
+    def options(self) -> DecodingOptions:
+        return self._options
+
+    def decode(self, audio, options: DecodingOptions | None = None, prompts=None, hints=None) -> list[DecodingResult]:
+        clips = [audio] if isinstance(audio, np.ndarray) and audio.ndim == 1 else list(audio) \
+            if not isinstance(audio, np.ndarray) else None
+        if clips is None:
+            raise ValueError(f"expected mono samples of shape (N,) or a list of clips, got an array of shape "
+                             f"{tuple(audio.shape)}; downmix and resample first (asr_app.audio.prepare_audio)")
+        if not clips:
+            raise ValueError("no audio given: pass one clip or a non-empty list of clips")
+        prompts = prompts if prompts is not None else [None] * len(clips)
+        hints = hints if hints is not None else [None] * len(clips)
+        if len(prompts) != len(clips) or len(hints) != len(clips):
+            raise ValueError(f"got {len(prompts)} prompts and {len(hints)} hints for {len(clips)} clips")
+        opts = options or self._options
+        futures = [self.scheduler.submit(np.asarray(clip, dtype=np.float32), opts, p, h, priority=self.priority,
+                                         session=self.session)
+                   for clip, p, h in zip(clips, prompts, hints)]
+        results = [self._wait(f) for f in futures]
+        parts = ([self.usage] if self.usage is not None else []) + [r.stats for r in results]
+        self.usage = DecodingStats.total(parts)
+        return results
+
+    def _wait(self, future: Future) -> DecodingResult:
+        deadline = None if self.timeout_s is None else self.timeout_s
+        try:
+            return future.result(deadline)
+        except TimeoutError:
+            self.scheduler.cancel(future)
+            raise TimeoutError(f"no decoder time within {self.timeout_s:.0f} s (the server is overloaded)") from None
