@@ -284,6 +284,7 @@ def _decoded(job: _LongForm, result: DecodingResult, decoder: Decoder, decoding:
 def transcribe_many(decoder: Decoder, items: Iterable[tuple[Any, str | Path | np.ndarray]],
                     options: TranscribeOptions = TranscribeOptions(),
                     on_progress: Callable[[float], None] | None = None,
+                    on_segments: Callable[[Any, list[Segment]], None] | None = None,
                     ) -> Iterator[tuple[Any, Transcript | Exception]]:
     """Transcribe (key, path-or-16k-array) items, yielding (key, Transcript or the error) as each finishes.
 
@@ -335,9 +336,11 @@ def transcribe_many(decoder: Decoder, items: Iterable[tuple[Any, str | Path | np
             if isinstance(outcome, Exception):
                 failed[id(job)] = outcome
                 continue
-            before = job.seek
+            before, known = job.seek, len(job.segments)
             _decoded(job, outcome[0], decoder, decoding, options, ts_begin, decode_text)
             progress(job, before)
+            if on_segments is not None and len(job.segments) > known:
+                on_segments(job.key, job.segments[known:])
         for job in [j for j in active if id(j) in failed or j.done]:
             active.remove(job)
             job.audio.close()
@@ -434,9 +437,12 @@ def _finish(job: _LongForm, decoder: Decoder, decoding: DecodingOptions) -> Tran
 
 
 def transcribe(decoder: Decoder, audio_or_path: str | Path | np.ndarray,
-               options: TranscribeOptions = TranscribeOptions()) -> Transcript:
-    """Long-form transcription of one file or 16 kHz array; raises on bad input."""
-    [(_, outcome)] = list(transcribe_many(decoder, [(0, audio_or_path)], options))
+               options: TranscribeOptions = TranscribeOptions(),
+               on_segments: Callable[[list[Segment]], None] | None = None) -> Transcript:
+    """Long-form transcription of one file or 16 kHz array; raises on bad input. `on_segments` receives each
+    window's new segments as soon as they are final."""
+    hook = (lambda _key, segments: on_segments(segments)) if on_segments is not None else None
+    [(_, outcome)] = list(transcribe_many(decoder, [(0, audio_or_path)], options, on_segments=hook))
     if isinstance(outcome, Exception):
         raise outcome
     return outcome

@@ -135,6 +135,26 @@ class LiveSession:
             self.partial = ""
             self.finished = True
 
+    def abandon(self) -> None:
+        """The client went away: drop queued audio, stop the worker after its current decode, free the place."""
+        with self._changed:
+            self._stop = True
+            self._pending.clear()
+            self._pending_samples = 0
+            self.finished = True
+            self._changed.notify_all()
+
+    def summary(self) -> dict[str, float | int | None]:
+        """The session's figures (what the live tab shows, as data)."""
+        usage = self.decoder.usage
+        rtf = self.real_time_factor
+        return {"audio_s": round(self.audio_s, 3), "processed_s": round(self.processed_s, 3),
+                "skipped_s": round(self.skipped_s, 3), "compute_s": round(self.compute_s, 3),
+                "real_time_factor": None if rtf is None else round(rtf, 3),
+                "acceptance_rate": None if usage is None or usage.acceptance_rate is None
+                else round(usage.acceptance_rate, 4),
+                "last_commit_lag_s": self.last_commit_lag_s, "chunks": self.chunks}
+
     # -- the worker ---------------------------------------------------------------------------
 
     def _run(self) -> None:

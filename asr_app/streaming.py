@@ -249,8 +249,11 @@ class StreamEvent:
     words: list[Word] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "text": self.text, "start": round(self.start, 3), "end": round(self.end, 3),
-                "emitted_at": round(self.emitted_at, 3), "audio_received": round(self.audio_received, 3)}
+        out = {"kind": self.kind, "text": self.text, "start": round(self.start, 3), "end": round(self.end, 3),
+               "emitted_at": round(self.emitted_at, 3), "audio_received": round(self.audio_received, 3)}
+        if self.kind == "commit":
+            out["words"] = [{"word": w.text, "start": round(w.start, 3), "end": round(w.end, 3)} for w in self.words]
+        return out
 
 
 @dataclass

@@ -94,6 +94,7 @@ def test_page_header_names_the_model_pair(server):
     with urllib.request.urlopen(url + "config", timeout=10) as response:
         config = response.read().decode()
     assert "whisper-tiny.en" in config and "distil-tiny.en-draft" in config and "cpu" in config
+    assert str(TINY_EN_DIR.parent) not in config   # the server's own folders are nobody's business
 
 
 def test_file_endpoint_over_http(server):

@@ -1,0 +1,120 @@
+"""The FastAPI app of `asr-serve`: the OpenAI-compatible API, the live WebSocket, `/health`, `/metrics`, and
+the Gradio app at `/`, all over one `UiEngine` (one model pair, one scheduler, one set of bounds)."""
+
+from __future__ import annotations
+
+import logging
+
+import gradio as gr
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import PlainTextResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from asr_app.limits import LimitExceeded
+from asr_app.serve.api import build_router, model_id, refusal_for
+from asr_app.serve.live import build_live_router
+from asr_app.serve.metrics import metrics_text
+from asr_app.serve.security import AccessSettings, Refusal, error_response, require_key
+from asr_app.ui.app import build_app as build_gradio_app
+from asr_app.ui.engine import UiEngine
+
+log = logging.getLogger(__name__)
+
+UPLOAD_PATHS = ("/v1/audio/",)
+FORM_OVERHEAD_BYTES = 1 << 20   # multipart headers and the other fields around an upload
+
+
+class BodyLimit:
+    """Refuses a request body past a bound while it arrives: by its Content-Length before reading it, and by
+    counting the bytes of a body sent without one (chunked), so a client cannot make the server spool
+    more than the limit to disk."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(UPLOAD_PATHS):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise LimitExceeded(f"the upload is larger than {self.max_bytes / 1e6:.0f} MB")
+            return message
+
+        await self.app(scope, counted, send)
+
+    async def _refuse(self, send: Send) -> None:
+        response = error_response(413, f"the upload is larger than the {self.max_bytes / 1e6:.0f} MB accepted")
+        await response(scope={"type": "http"}, receive=None, send=send)  # type: ignore[arg-type]
+
+
+def build_app(engine: UiEngine, access: AccessSettings = AccessSettings(), mount_ui: bool = True) -> FastAPI:
+    app = FastAPI(title="asr-app", docs_url=None, redoc_url=None, openapi_url=None)
+    answers: dict[str, int] = {}
+    _install_error_handlers(app)
+
+    @app.middleware("http")
+    async def count_answers(request: Request, call_next) -> Response:
+        response = await call_next(request)
+        key = f"{response.status_code // 100}xx"
+        answers[key] = answers.get(key, 0) + 1
+        return response
+
+    if access.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(access.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(BodyLimit, max_bytes=int(engine.limits.max_upload_mb * 1e6) + FORM_OVERHEAD_BYTES)
+
+    @app.get("/health")
+    def health() -> dict:
+        m = engine.scheduler.metrics()
+        return {"status": "ok", "model": model_id(engine), "queue_depth": m.queue_depth,
+                "live_sessions": len(engine.sessions), "max_sessions": engine.limits.max_sessions}
+
+    @app.get("/metrics")
+    def metrics(request: Request) -> Response:
+        require_key(access, request)
+        return PlainTextResponse(metrics_text(engine, answers), media_type="text/plain; version=0.0.4")
+
+    app.include_router(build_router(engine, access))
+    app.include_router(build_live_router(engine, access))
+    if mount_ui:
+        demo = build_gradio_app(engine)
+        app = gr.mount_gradio_app(app, demo, path="/", max_file_size=f"{int(engine.limits.max_upload_mb)}mb",
+                                  ssr_mode=False, auth_dependency=None)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(Refusal)
+    async def on_refusal(_request: Request, exc: Refusal) -> Response:
+        return error_response(exc.status, exc.message, exc.code)
+
+    @app.exception_handler(LimitExceeded)
+    async def on_limit(_request: Request, exc: LimitExceeded) -> Response:
+        refusal = refusal_for(exc)
+        return error_response(refusal.status, refusal.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(_request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        field = ".".join(str(p) for p in first.get("loc", ())[1:]) or "request"
+        return error_response(400, f"{field}: {first.get('msg', 'invalid value')}")
+
+    @app.exception_handler(Exception)
+    async def on_error(_request: Request, exc: Exception) -> Response:
+        refusal = refusal_for(exc)
+        if refusal.status >= 500 or not isinstance(exc, ValueError | OSError):
+            log.exception("request failed")
+        return error_response(refusal.status, refusal.message, refusal.code)

@@ -1,0 +1,83 @@
+"""`asr-serve`: the speech service (OpenAI-compatible API, live WebSocket, web app) in one process."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from asr_app.arguments import add_model_args, check_args_or_report, load_decoder_or_report
+from asr_app.limits import ServiceLimits
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asr-serve",
+        description="Serve speech recognition to many clients at once: POST /v1/audio/transcriptions (OpenAI's "
+                    "API), live audio on the WebSocket /v1/live, the web app at /, /health and /metrics. Every "
+                    "decode goes through one scheduler that batches the requests of all clients.")
+    add_model_args(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default loopback only)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    parser.add_argument("--api-key", default=os.environ.get("ASR_SERVE_API_KEY"),
+                        help="key clients must send as 'Authorization: Bearer KEY' (required unless --host is "
+                             "loopback; default: $ASR_SERVE_API_KEY)")
+    parser.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                        help="allow browser pages from ORIGIN to call the API (repeatable; off by default)")
+    parser.add_argument("--max-sessions", type=int, default=16, help="live sessions at once (default 16)")
+    parser.add_argument("--max-upload-mb", type=float, default=200.0, help="largest upload in MB (default 200)")
+    parser.add_argument("--max-upload-minutes", type=float, default=120.0,
+                        help="longest upload in minutes of audio, read from its header (default 120)")
+    parser.add_argument("--max-chunk-seconds", type=float, default=10.0,
+                        help="longest live chunk in seconds (default 10)")
+    parser.add_argument("--request-timeout", type=float, default=600.0,
+                        help="seconds an API request may wait for and use the decoder (default 600)")
+    parser.add_argument("--no-ui", action="store_true", help="serve the API only, without the web app at /")
+    return parser
+
+
+def limits_from_args(args: argparse.Namespace) -> ServiceLimits:
+    return ServiceLimits(max_sessions=args.max_sessions, max_upload_mb=args.max_upload_mb,
+                         max_upload_s=args.max_upload_minutes * 60, max_chunk_s=args.max_chunk_seconds,
+                         request_timeout_s=args.request_timeout)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    from asr_app.serve.security import AccessSettings, check_binding
+    from asr_app.ui.app import _port_problem
+
+    try:
+        limits = limits_from_args(args)
+    except ValueError as exc:
+        print(f"asr-serve: error: {exc}", file=sys.stderr)
+        return 2
+    problem = check_binding(args.host, args.api_key) or _port_problem(args.host, args.port)
+    if problem or not check_args_or_report(args, "asr-serve"):
+        if problem:
+            print(f"asr-serve: error: {problem}", file=sys.stderr)
+        return 2
+    decoder = load_decoder_or_report(args, "asr-serve")
+    if decoder is None:
+        return 2
+    import uvicorn
+
+    from asr_app.serve.app import build_app
+    from asr_app.ui.engine import UiEngine
+
+    engine = UiEngine.from_decoder(decoder, limits=limits)
+    app = build_app(engine, AccessSettings(api_key=args.api_key, cors_origins=tuple(args.cors_origin)),
+                    mount_ui=not args.no_ui)
+    print(f"models loaded: {engine.describe()}; serving on http://{args.host}:{args.port}", flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10)
+    finally:
+        engine.scheduler.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

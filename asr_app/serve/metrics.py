@@ -1,0 +1,65 @@
+"""`/metrics` in Prometheus' text format, read from the scheduler when scraped (no per-request bookkeeping
+beyond what the scheduler keeps): queue depth, rows per batch, request latency, audio seconds decoded per
+second of decoder time, draft acceptance, live sessions."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+
+from asr_app.ui.engine import UiEngine
+
+LATENCY_QUANTILES = (0.5, 0.9, 0.99)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class SchedulerCollector:
+    def __init__(self, engine: UiEngine, requests: dict[str, int]) -> None:
+        self.engine = engine
+        self.requests = requests   # HTTP answers by status class, kept by the app
+
+    def collect(self):
+        m = self.engine.scheduler.metrics()
+        yield GaugeMetricFamily("asr_queue_depth", "Decode requests waiting for the decoder", m.queue_depth)
+        yield GaugeMetricFamily("asr_live_sessions", "Live sessions open now", len(self.engine.sessions))
+        yield CounterMetricFamily("asr_batches", "Batches decoded", m.batches)
+        yield CounterMetricFamily("asr_rows", "Rows (requests) decoded", m.rows)
+        yield CounterMetricFamily("asr_failed_rows", "Rows whose decode failed", m.failed)
+        rows = GaugeMetricFamily("asr_batches_by_rows", "Batches decoded, by rows per batch", labels=["rows"])
+        for size, count in sorted(m.rows_per_batch.items()):
+            rows.add_metric([str(size)], count)
+        yield rows
+        yield GaugeMetricFamily("asr_rows_per_batch", "Mean rows per batch",
+                                m.rows / m.batches if m.batches else 0.0)
+        yield CounterMetricFamily("asr_decoder_busy_seconds", "Seconds the decoder spent decoding", m.busy_s)
+        yield CounterMetricFamily("asr_audio_seconds", "Audio seconds decoded", m.audio_s)
+        yield GaugeMetricFamily("asr_audio_seconds_per_busy_second", "Audio seconds decoded per decoder second",
+                                m.audio_s / m.busy_s if m.busy_s else 0.0)
+        yield GaugeMetricFamily("asr_draft_acceptance", "Accepted draft tokens over drafted ones",
+                                m.acceptance_rate if m.acceptance_rate is not None else 0.0)
+        latency = SummaryMetricFamily("asr_request_latency_seconds",
+                                      "Queueing plus decoding time of recent decode requests", labels=["kind"])
+        for kind, values in m.latencies.items():
+            if values:
+                latency.add_metric([kind], count_value=len(values), sum_value=sum(values))
+        yield latency
+        quantiles = GaugeMetricFamily("asr_request_latency_quantile_seconds",
+                                      "Recent decode request latency quantiles", labels=["kind", "quantile"])
+        for kind, values in m.latencies.items():
+            for q in LATENCY_QUANTILES if values else ():
+                quantiles.add_metric([kind, str(q)], _quantile(values, q))
+        yield quantiles
+        answers = CounterMetricFamily("asr_http_responses", "HTTP answers by status class", labels=["status"])
+        for status, count in sorted(self.requests.items()):
+            answers.add_metric([status], count)
+        yield answers
+
+
+def metrics_text(engine: UiEngine, requests: dict[str, int]) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SchedulerCollector(engine, requests))
+    return generate_latest(registry)

@@ -1,0 +1,255 @@
+"""The real service: `asr-serve` in a subprocess on a free loopback port (real tiny.en pair), driven by the
+official `openai` package, a real WebSocket client and plain HTTP. Every bad input gets its 4xx and one
+sentence, and the server keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, REPO_ROOT, TINY_EN_DIR, lj_clip
+from test_ui_server import free_port, stop
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from asr_app.wer import word_error_rate
+
+KEY = "test-key-123456"
+STARTUP_TIMEOUT_S = 240
+JFK_TEXT = (JFK_FLAC.parent / "jfk.txt").read_text().strip()
+LJ_LIVE = lj_clip("LJ001-0004")    # 5.1 s
+LJ_LIVE_TEXT = "produced the block books, which were the immediate predecessors of the true printed book,"
+CLIPS = [lj_clip(c) for c in ("LJ001-0002", "LJ001-0008", "LJ001-0004", "LJ001-0002")]
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("serve")
+    port = free_port()
+    log_path = folder / "server.log"
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
+               TMPDIR=str(folder))
+    cmd = [sys.executable, "-m", "asr_app.serve.cli", "--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR),
+           "--device", "cpu", "--threads", "1", "--port", str(port), "--api-key", KEY, "--max-upload-mb", "3",
+           "--max-upload-minutes", "1", "--max-sessions", "2", "--no-ui"]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"asr-serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"asr-serve did not start:\n{log_path.read_text()[-3000:]}")
+    try:
+        yield url, folder, log_path
+    finally:
+        stop(proc)
+    log = log_path.read_text()
+    assert "Traceback" not in log, log[-3000:]
+
+
+def client(url: str, key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def healthy(url: str) -> bool:
+    with urllib.request.urlopen(url + "/health", timeout=10) as response:
+        return json.loads(response.read())["status"] == "ok"
+
+
+def metrics(url: str) -> dict[str, float]:
+    request = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if not line.startswith("#")}
+
+
+def wav_bytes(samples: np.ndarray, rate: int, subtype: str = "PCM_16") -> bytes:
+    out = io.BytesIO()
+    sf.write(out, samples, rate, format="WAV", subtype=subtype)
+    return out.getvalue()
+
+
+def test_models_and_every_response_format(service):
+    url, _, _ = service
+    api = client(url)
+    ids = [m.id for m in api.models.list().data]
+    assert ids == ["whisper-tiny.en+draft", "whisper-1"]
+    with open(JFK_FLAC, "rb") as f:
+        text = api.audio.transcriptions.create(model=ids[0], file=f).text
+    assert word_error_rate(JFK_TEXT, text) < 0.1, text
+    with open(JFK_FLAC, "rb") as f:
+        plain = api.audio.transcriptions.create(model="whisper-1", file=f, response_format="text")
+    assert plain.strip() == text
+    with open(JFK_FLAC, "rb") as f:
+        srt = api.audio.transcriptions.create(model="whisper-1", file=f, response_format="srt")
+    assert srt.startswith("1\n00:00:00,000 --> ") and "country" in srt
+    with open(JFK_FLAC, "rb") as f:
+        vtt = api.audio.transcriptions.create(model="whisper-1", file=f, response_format="vtt")
+    assert vtt.startswith("WEBVTT") and "-->" in vtt
+    with open(JFK_FLAC, "rb") as f:
+        verbose = api.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json",
+                                                  timestamp_granularities=["word", "segment"])
+    assert verbose.language == "english" and verbose.duration == pytest.approx(11.0, abs=0.1)
+    assert verbose.text == text and verbose.segments and verbose.segments[0].start == 0.0
+    words = verbose.words
+    assert [w.word.strip(",") for w in words][:3] == ["And", "so", "my"]
+    assert all(a.start <= b.start for a, b in zip(words, words[1:])) and words[-1].end <= 11.1
+
+
+def test_streamed_transcription_arrives_as_events(service):
+    url, _, _ = service
+    with open(JFK_FLAC, "rb") as f:
+        events = list(client(url).audio.transcriptions.create(model="whisper-1", file=f, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[-1] == "transcript.text.done" and "transcript.text.delta" in kinds
+    deltas = "".join(e.delta for e in events if e.type == "transcript.text.delta")
+    assert deltas.strip() == events[-1].text and word_error_rate(JFK_TEXT, events[-1].text) < 0.1
+
+
+def test_concurrent_requests_share_batches_and_match_one_at_a_time(service):
+    url, _, _ = service
+    api = client(url)
+
+    def run(path):
+        with open(path, "rb") as f:
+            return api.audio.transcriptions.create(model="whisper-1", file=f).text
+
+    alone = [run(p) for p in CLIPS[:3]]
+    before = metrics(url)
+    with ThreadPoolExecutor(len(CLIPS) * 2) as pool:
+        together = list(pool.map(run, CLIPS * 2))
+    after = metrics(url)
+    assert together == [*alone, alone[0]] * 2   # greedy: the same text however the rows were batched
+    rows = after["asr_rows_total"] - before["asr_rows_total"]
+    batches = after["asr_batches_total"] - before["asr_batches_total"]
+    assert rows >= len(CLIPS) * 2 and batches < rows, (rows, batches)   # some batch held several rows
+    assert after.get('asr_http_responses_total{status="5xx"}', 0) == 0
+
+
+@pytest.mark.parametrize("name, body, status, phrase", [
+    ("one_hz.wav", wav_bytes(np.zeros(16, np.float32), 1), 400, "sample rate 1 Hz"),
+    ("nan.wav", wav_bytes(np.full(16_000, np.nan, np.float32), 16_000, "FLOAT"), 400, "NaN"),
+    ("truncated.flac", JFK_FLAC.read_bytes()[:3000], 400, None),
+    ("empty.wav", b"", 400, "empty"),
+    ("notes.txt", b"hello, this is not audio", 400, "not an audio file"),
+    ("long.wav", wav_bytes(np.zeros(8_000 * 90, np.int16), 8_000), 413, "min of audio"),
+    ("big.wav", wav_bytes(np.zeros(16_000 * 120, np.int16), 16_000), 413, "MB"),
+])
+def test_bad_uploads_get_a_clear_4xx_and_the_server_goes_on(service, name, body, status, phrase):
+    url, folder, _ = service
+    with pytest.raises(openai.APIStatusError) as caught:
+        client(url).audio.transcriptions.create(model="whisper-1", file=(name, body))
+    assert caught.value.status_code == status, caught.value.message
+    message = caught.value.body["message"]
+    if phrase:
+        assert phrase in message, message
+    assert str(folder) not in message and "/tmp" not in message   # no server paths
+    assert healthy(url)
+    assert not list(folder.glob("asr_serve_*")), "an upload's temporary folder was left behind"
+
+
+def test_wrong_key_unknown_model_and_bad_options_are_refused(service):
+    url, _, _ = service
+    with open(JFK_FLAC, "rb") as f:
+        audio = f.read()
+    cases = [
+        (lambda: client(url, "wrong-key-000").audio.transcriptions.create(model="whisper-1", file=("a.flac", audio)),
+         401, "API key"),
+        (lambda: client(url).audio.transcriptions.create(model="gpt-9", file=("a.flac", audio)), 404, "not served"),
+        (lambda: client(url).audio.transcriptions.create(model="whisper-1", file=("a.flac", audio),
+                                                         response_format="xml"), 400, "response_format"),
+        (lambda: client(url).audio.transcriptions.create(model="whisper-1", file=("a.flac", audio),
+                                                         temperature=3.0), 400, "temperature"),
+        (lambda: client(url).audio.transcriptions.create(model="whisper-1", file=("a.flac", audio),
+                                                         extra_body={"mode": "turbo"}), 400, "mode"),
+        (lambda: client(url).audio.translations.create(model="whisper-1", file=("a.flac", audio)), 400,
+         "multilingual"),
+    ]
+    for call, status, phrase in cases:
+        with pytest.raises(openai.APIStatusError) as caught:
+            call()
+        assert caught.value.status_code == status and phrase in caught.value.body["message"], caught.value.body
+    assert healthy(url)
+
+
+async def _stream(url: str, path, *, rate_claim: int | None = None, paced: bool = False) -> list[dict]:
+    samples, rate = sf.read(str(path), dtype="float32")
+    pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2")
+    uri = f"{url.replace('http', 'ws')}/v1/live?sample_rate={rate_claim or rate}&mode=exact"
+    events = []
+    async with connect(uri, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        events.append(json.loads(await ws.recv()))
+        if events[0]["kind"] != "ready":
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+            events.append({"kind": "closed", "code": closed.value.rcvd.code})
+            return events
+        step = rate // 2
+        for i in range(0, len(pcm), step):
+            await ws.send(pcm[i:i + step].tobytes())
+            if paced:
+                await asyncio.sleep(0.05)
+        await ws.send(b"\x01")   # half a sample: refused, the session goes on
+        await ws.send(json.dumps({"type": "stop"}))
+        async for message in ws:
+            events.append(json.loads(message))
+    return events
+
+
+def test_live_websocket_streams_real_speech_to_final_text(service):
+    url, _, _ = service
+    events = asyncio.run(_stream(url, LJ_LIVE))
+    kinds = [e["kind"] for e in events]
+    assert kinds[0] == "ready" and kinds[-2:] == ["stats", "done"] and "commit" in kinds
+    assert any(e["kind"] == "error" and "not whole" in e["message"] for e in events)
+    committed = " ".join(e["text"] for e in events if e["kind"] == "commit")
+    assert committed.strip() == events[-1]["text"]
+    assert word_error_rate(LJ_LIVE_TEXT, events[-1]["text"]) < 0.15, events[-1]["text"]
+    words = [w for e in events if e["kind"] == "commit" for w in e["words"]]
+    assert words and all(0 <= w["start"] <= w["end"] <= 5.2 for w in words)
+    assert events[-2]["audio_s"] == pytest.approx(sf.info(str(LJ_LIVE)).duration, abs=0.01)
+
+
+def test_live_refuses_bad_rates_and_sessions_beyond_the_limit(service):
+    url, _, _ = service
+    events = asyncio.run(_stream(url, LJ_LIVE, rate_claim=1))
+    assert events[0]["kind"] == "error" and "outside the accepted 8000-192000 Hz" in events[0]["message"]
+    assert events[1] == {"kind": "closed", "code": 1008}
+
+    async def crowd() -> list[str]:
+        uri = f"{url.replace('http', 'ws')}/v1/live?sample_rate=16000"
+        headers = {"Authorization": f"Bearer {KEY}"}
+        async with connect(uri, additional_headers=headers) as a, connect(uri, additional_headers=headers) as b:
+            firsts = [json.loads(await a.recv())["kind"], json.loads(await b.recv())["kind"]]
+            async with connect(uri, additional_headers=headers) as c:
+                third = json.loads(await c.recv())
+                with pytest.raises(ConnectionClosed) as closed:
+                    await c.recv()
+                assert closed.value.rcvd.code == 1013
+            return [*firsts, third["kind"], third["message"]]
+
+    kinds = asyncio.run(crowd())
+    assert kinds[:3] == ["ready", "ready", "error"] and "live sessions are in use" in kinds[3]
+    # Both left without a stop: their places are free again.
+    assert asyncio.run(_stream(url, lj_clip("LJ001-0002")))[-1]["kind"] == "done"
+    assert healthy(url)
