@@ -107,14 +107,21 @@ def test_seeded_sampling_gives_valid_transcripts(real_decoder, mode):
     suppressed = set(real_decoder.generation_config.suppress_tokens)
     assert first.tokens and all(0 <= t < real_decoder.vocab and t not in suppressed for t in first.tokens)
     if mode == "sigmoid":
-        # Not exact: with alpha/beta = -+1e3 the draft's sigmoid distribution is almost flat and nearly
-        # every draft is accepted (DESIGN.md's trap), so the text is not expected to be the speech.
+        # Not exact: at alpha/beta = -+1e3 p_hat/q_hat is close to 1, so nearly every draft is accepted (the
+        # draft's own samples); the token after them comes from the target's softmax, so the text is still
+        # the speech (with a bonus token from normalised p_hat, near-uniform, it was not: issue 31).
         assert first.stats.acceptance_rate > 0.9
-        return
     eos = real_decoder.eos
     assert all(t < eos for t in first.tokens)  # text tokens only (no timestamps asked)
     reference = "And so my fellow Americans ask not what your country can do for you ask what you can do for your country"
     strip = jiwer.Compose([jiwer.ToLowerCase(), jiwer.RemovePunctuation(), jiwer.RemoveMultipleSpaces(),
                            jiwer.Strip(), jiwer.ReduceToListOfListOfWords()])
     wer = jiwer.wer(reference, first.text, reference_transform=strip, hypothesis_transform=strip)
+    if mode == "sigmoid":
+        # sigmoid keeps the draft's samples (here it repeats a phrase: WER 0.32) and draws the token after them
+        # from the target's softmax. Drawn from normalised p_hat (near-uniform) that token was a random word
+        # every few tokens (WER 0.36 here, with "execution", "challenge", "verbal"): count foreign words.
+        foreign = set(strip(first.text)[0]) - set(strip(reference)[0])
+        assert wer < 0.5 and len(foreign) <= 1, first.text
+        return
     assert wer < 0.3, first.text

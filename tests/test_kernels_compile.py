@@ -34,8 +34,8 @@ KERNELS = {
         {"BLOCK_V": 1024, "TILES": 4, "ROWS_BLOCK": 8, "SPLITS_BLOCK": 16}),
     "sigmoid-accept": (sigmoid._accept_kernel, {
         **LOGITS, "draft_tokens_ptr": "*i64", "num_draft_ptr": "*i64", "uniforms_ptr": "*fp64",
-        "masses_ptr": "*fp64", "row_n_ptr": "*i32", "row_lse_ptr": "*fp32", **STRIDES, "tok_stride_b": "i32",
-        **SIZES, "inv_temperature": "fp32", "alpha": "fp32", "inv_width": "fp32"},
+        "masses_ptr": "*fp64", "split_max_ptr": "*fp32", "row_n_ptr": "*i32", "row_lse_ptr": "*fp32", **STRIDES,
+        "tok_stride_b": "i32", **SIZES, "inv_temperature": "fp32", "alpha": "fp32", "inv_width": "fp32"},
         {"BLOCK_V": 1024, "TILES": 4, "ROWS_BLOCK": 8}),
     "greedy-argmax-partials": (greedy._argmax_partials_kernel, {
         "target_ptr": "*bf16", "num_draft_ptr": "*i64", "best_val_ptr": "*fp32", "best_idx_ptr": "*i32",
@@ -48,7 +48,8 @@ KERNELS = {
 for flag in (False, True):
     KERNELS[f"finalize-sample-sigmoid={flag}"] = (sampling.finalize_sample_kernel, {
         "target_ptr": "*fp32", "draft_ptr": "*fp32", "draft_tokens_ptr": "*i64", "uniforms_ptr": "*fp64",
-        "masses_ptr": "*fp64", "row_n_ptr": "*i32", "row_lse_ptr": "*fp32", "num_draft_ptr": "*i64",
+        "masses_ptr": "*fp64", "split_max_ptr": "*fp32", "row_n_ptr": "*i32", "row_lse_ptr": "*fp32",
+        "num_draft_ptr": "*i64",
         "out_tokens_ptr": "*i64", "out_accepted_ptr": "*i64", **STRIDES, "tok_stride_b": "i32", **SIZES,
         "inv_temperature": "fp32", "alpha": "fp32", "inv_width": "fp32"},
         {"BLOCK_V": 1024, "TILES": 4, "SPLITS_BLOCK": 16, "OUT_BLOCK": 8, "SIGMOID": flag})

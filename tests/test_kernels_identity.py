@@ -1,9 +1,10 @@
 """Triton kernels vs their PyTorch references: identical tokens given the same random numbers.
 
 The kernels run on the CPU through Triton's interpreter (TRITON_INTERPRET=1, set in conftest).
-Every call mixes the cases the issue names: a ragged num_draft, suppressed (-inf) entries, a row
-whose draft equals the target (all accepted), a row whose drafted ids have p = 0 (none accepted),
-and a drafted id with p = 0 in the middle of a row.
+Every call mixes the cases the issue names: a ragged num_draft, suppressed (-inf) entries, ids only
+the draft leaves at -inf (a reduced draft head, ``runtime/vocab.py`` ``to_full``), a row whose draft
+equals the target (all accepted), a row whose drafted ids have p = 0 (none accepted), and a drafted
+id with p = 0 in the middle of a row.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ def make_case(batch: int, gamma: int, vocab: int, dtype: torch.dtype, seed: int)
     suppress[..., 0] = False
     target = target.masked_fill(suppress, float("-inf"))
     draft = draft.masked_fill(suppress[:, :gamma], float("-inf"))
+    # A reduced draft head: another tenth of the ids is scored by the target only.
+    unscored = torch.rand(batch, 1, vocab, generator=gen) < 0.1
+    unscored[..., 0] = False
+    draft = draft.masked_fill(unscored, float("-inf"))
     q = torch.softmax(draft.reshape(-1, vocab), dim=-1)
     tokens = torch.multinomial(q, 1, generator=gen).reshape(batch, gamma)
     num_draft = torch.randint(0, gamma + 1, (batch,), generator=gen)
@@ -95,7 +100,17 @@ def test_sigmoid_triton_matches_torch(batch, gamma, vocab, dtype):
     args = (target, draft, tokens, nd, rnd, 1.0, SIGMOID_ALPHA, SIGMOID_BETA)
     expected = verify_sigmoid_torch(*args)
     assert_well_formed(expected, tokens, nd, vocab, all_acc, none_acc)
+    assert_sigmoid_residual_on_scored_ids(expected, draft, nd)
     assert_same(expected, verify_sigmoid_triton(*args))
+
+
+def assert_sigmoid_residual_on_scored_ids(result: VerifyResult, draft, num_draft) -> None:
+    """After a rejection at n, sigmoid's next token is one the draft scores at n (its residual is restricted
+    to those ids; on these cases it is never empty, which would fall back to the target's softmax)."""
+    rejected = (result.num_accepted < num_draft).nonzero()[:, 0]
+    for b in rejected.tolist():
+        n = int(result.num_accepted[b])
+        assert float(draft[b, n, result.tokens[b, n]]) > float("-inf"), (b, n, result.tokens[b])
 
 
 @pytest.mark.parametrize("batch,gamma,vocab,dtype", GRID)

@@ -30,7 +30,7 @@ from .common import (
     leading_true_count,
     scaled_logits,
 )
-from .sampling import launch_finalize, prepare_sampled_launch, split_masses
+from .sampling import launch_finalize, online_logsumexp, prepare_sampled_launch, split_masses
 from .triton_support import leading_accepts, tl, triton
 from .types import VerifyRandomness, VerifyResult
 
@@ -96,15 +96,6 @@ def _verify_exact_rows(target_logits, draft_logits, draft_tokens, num_draft, u, 
 
 
 @triton.jit
-def _online_logsumexp(m, s, z):
-    """Fold one tile into a running (max, sum of exp(z - max)); all -inf stays (-inf, 0)."""
-    m_new = tl.maximum(m, tl.max(z, axis=0))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe), axis=0)
-    return m_new, s
-
-
-@triton.jit
 def _row_partials_kernel(
     target_ptr, draft_ptr, num_draft_ptr, partials_ptr,
     t_stride_b, t_stride_c, d_stride_b, d_stride_c,
@@ -132,9 +123,9 @@ def _row_partials_kernel(
     for i in tl.static_range(TILES):
         idx = (split * TILES + i) * BLOCK_V + offs
         zt = tl.load(t_row + idx, mask=idx < t_limit, other=float("-inf")).to(tl.float32)
-        m_t, s_t = _online_logsumexp(m_t, s_t, zt * inv_temperature)
+        m_t, s_t = online_logsumexp(m_t, s_t, zt * inv_temperature)
         zd = tl.load(d_row + idx, mask=idx < d_limit, other=float("-inf")).to(tl.float32)
-        m_d, s_d = _online_logsumexp(m_d, s_d, zd * inv_temperature)
+        m_d, s_d = online_logsumexp(m_d, s_d, zd * inv_temperature)
     out = partials_ptr + ((b * (gamma + 1) + c) * 4) * num_splits + split
     tl.store(out, m_t)
     tl.store(out + num_splits, s_t)
@@ -194,7 +185,7 @@ def _accept_kernel(
     t_row = target_ptr + b * t_stride_b + n * t_stride_c
     d_row = draft_ptr + b * d_stride_b + n * d_stride_c
     resid_mass, p_mass = split_masses(t_row, d_row, split, vocab, rejected, inv_temperature, lse_t_n, lse_d_n,
-                                      0.0, 1.0, BLOCK_V, TILES, False)
+                                      BLOCK_V, TILES)
     tl.store(masses_ptr + b * 2 * num_splits + split, resid_mass)
     tl.store(masses_ptr + b * 2 * num_splits + num_splits + split, p_mass)
     if split == 0:

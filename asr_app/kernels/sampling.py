@@ -1,11 +1,17 @@
 """The corrected/bonus token draw shared by modes exact and sigmoid (Triton side).
 
 Both modes end the same way: one row per batch entry (target row n, and draft row n after a
-rejection) defines weights ``a(x) = max(0, p(x) - q(x))`` (rejection) or ``a(x) = p(x)`` (all
-accepted); one token is drawn by inverse CDF with the row's uniform ``u``: the first x whose
-cumulative weight exceeds ``u * sum(a)``. The accept kernel of each mode has already summed the
-weights per vocabulary split (float64); ``finalize_sample_kernel`` finds the split holding the
-threshold and rescans only that split. PyTorch reference: ``common.inverse_cdf_sample``.
+rejection) defines weights ``a(x)``: the residual after a rejection, the target's softmax
+``p(x) = softmax(z_p / T)`` when every draft was accepted (and when the residual vanished). One token
+is drawn by inverse CDF with the row's uniform ``u``: the first x whose cumulative weight exceeds
+``u * sum(a)``. The accept kernel of each mode has already summed the weights per vocabulary split
+(float64); ``finalize_sample_kernel`` finds the split holding the threshold and rescans only that split.
+PyTorch reference: ``common.inverse_cdf_sample``.
+
+The residual is ``max(0, p - q)`` with softmax p, q in mode exact; in mode sigmoid it is
+``max(0, p_hat - q_hat)`` over the ids the draft scores (``sigmoid_residual``). Mode sigmoid has no
+log-sum-exp of the row before its accept kernel, so that kernel records per split the online
+(max, sum of exp) of the target row and the finalize kernel combines them (``SIGMOID``).
 """
 
 from __future__ import annotations
@@ -27,45 +33,86 @@ from .types import VerifyRandomness, VerifyResult
 
 
 @triton.jit
-def row_weights(t_row, d_row, idx, vocab, rejected, inv_temperature, lse_t, lse_d, alpha, inv_width,
-                SIGMOID: tl.constexpr):
-    """p and max(0, p - q) over one tile of the sampling row (q = 0 unless the row was rejected).
-
-    exact: p = exp(z_p - lse_p); sigmoid: p_hat = sigmoid((z_p - alpha) / (beta - alpha)).
-    -inf logits give weight 0 in both modes.
-    """
-    d_limit = tl.where(rejected, vocab, 0)  # the draft row is read only after a rejection
-    zt = tl.load(t_row + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * inv_temperature
-    zd = tl.load(d_row + idx, mask=idx < d_limit, other=float("-inf")).to(tl.float32) * inv_temperature
-    if SIGMOID:
-        p = tl.sigmoid((zt - alpha) * inv_width)
-        q = tl.sigmoid((zd - alpha) * inv_width)
-    else:
-        p = tl.exp(zt - lse_t)
-        q = tl.exp(zd - lse_d)
-    return p, tl.maximum(p - q, 0.0)
+def online_logsumexp(m, s, z):
+    """Fold one tile into a running (max, sum of exp(z - max)); all -inf stays (-inf, 0)."""
+    m_new = tl.maximum(m, tl.max(z, axis=0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe), axis=0)
+    return m_new, s
 
 
 @triton.jit
-def split_masses(t_row, d_row, split, vocab, rejected, inv_temperature, lse_t, lse_d, alpha, inv_width,
-                 BLOCK_V: tl.constexpr, TILES: tl.constexpr, SIGMOID: tl.constexpr):
-    """float64 sums of the residual and of p over this program's split of the vocabulary."""
+def load_sampling_tile(t_row, d_row, idx, vocab, rejected, inv_temperature):
+    """Temperature-scaled float32 logits of the sampling row over one tile; the draft row is read
+    only after a rejection (-inf otherwise)."""
+    d_limit = tl.where(rejected, vocab, 0)
+    zt = tl.load(t_row + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32) * inv_temperature
+    zd = tl.load(d_row + idx, mask=idx < d_limit, other=float("-inf")).to(tl.float32) * inv_temperature
+    return zt, zd
+
+
+@triton.jit
+def sigmoid_residual(zt, zd, alpha, inv_width):
+    """max(0, p_hat - q_hat) over the ids the draft scores (zd > -inf), 0 elsewhere (mirrors
+    ``sigmoid.sigmoid_residual``). A reduced draft head leaves ids at -inf (q_hat = 0): without the
+    restriction their p_hat (~0.62 at the paper's constants) would outweigh every scored id."""
+    p_hat = tl.sigmoid((zt - alpha) * inv_width)
+    q_hat = tl.sigmoid((zd - alpha) * inv_width)
+    return tl.where(zd > float("-inf"), tl.maximum(p_hat - q_hat, 0.0), 0.0)
+
+
+@triton.jit
+def row_weights(t_row, d_row, idx, vocab, rejected, inv_temperature, lse_t, lse_d, alpha, inv_width,
+                SIGMOID: tl.constexpr):
+    """p = exp(z_p - lse_p) (the target's softmax, both modes) and the residual over one tile of the
+    sampling row: exact max(0, p - q) (q = 0 unless the row was rejected), sigmoid ``sigmoid_residual``
+    (0 unless rejected). -inf logits give weight 0."""
+    zt, zd = load_sampling_tile(t_row, d_row, idx, vocab, rejected, inv_temperature)
+    p = tl.exp(zt - lse_t)
+    if SIGMOID:
+        resid = sigmoid_residual(zt, zd, alpha, inv_width)
+    else:
+        resid = tl.maximum(p - tl.exp(zd - lse_d), 0.0)
+    return p, resid
+
+
+@triton.jit
+def split_masses(t_row, d_row, split, vocab, rejected, inv_temperature, lse_t, lse_d,
+                 BLOCK_V: tl.constexpr, TILES: tl.constexpr):
+    """Mode exact: float64 sums of the residual and of p over this program's split of the vocabulary."""
     offs = tl.arange(0, BLOCK_V)
     resid_mass = tl.zeros([], dtype=tl.float64)
     p_mass = tl.zeros([], dtype=tl.float64)
     for i in tl.static_range(TILES):
         idx = (split * TILES + i) * BLOCK_V + offs
         p, resid = row_weights(t_row, d_row, idx, vocab, rejected, inv_temperature, lse_t, lse_d,
-                               alpha, inv_width, SIGMOID)
+                               0.0, 1.0, False)
         resid_mass += tl.sum(resid.to(tl.float64), axis=0)
         p_mass += tl.sum(p.to(tl.float64), axis=0)
     return resid_mass, p_mass
 
 
 @triton.jit
+def sigmoid_split_stats(t_row, d_row, split, vocab, rejected, inv_temperature, alpha, inv_width,
+                        BLOCK_V: tl.constexpr, TILES: tl.constexpr):
+    """Mode sigmoid, one pass over this program's split: the float64 sum of the residual and the online
+    (max, sum of exp(z - max)) of the target row, which ``finalize_sample_kernel`` turns into p's masses."""
+    offs = tl.arange(0, BLOCK_V)
+    resid_mass = tl.zeros([], dtype=tl.float64)
+    m = tl.full([], float("-inf"), dtype=tl.float32)
+    s = tl.zeros([], dtype=tl.float32)
+    for i in tl.static_range(TILES):
+        idx = (split * TILES + i) * BLOCK_V + offs
+        zt, zd = load_sampling_tile(t_row, d_row, idx, vocab, rejected, inv_temperature)
+        resid_mass += tl.sum(sigmoid_residual(zt, zd, alpha, inv_width).to(tl.float64), axis=0)
+        m, s = online_logsumexp(m, s, zt)
+    return resid_mass, m, s
+
+
+@triton.jit
 def finalize_sample_kernel(
-    target_ptr, draft_ptr, draft_tokens_ptr, uniforms_ptr, masses_ptr, row_n_ptr, row_lse_ptr, num_draft_ptr,
-    out_tokens_ptr, out_accepted_ptr,
+    target_ptr, draft_ptr, draft_tokens_ptr, uniforms_ptr, masses_ptr, split_max_ptr, row_n_ptr, row_lse_ptr,
+    num_draft_ptr, out_tokens_ptr, out_accepted_ptr,
     t_stride_b, t_stride_c, d_stride_b, d_stride_c, tok_stride_b,
     vocab, gamma, num_splits, inv_temperature, alpha, inv_width,
     BLOCK_V: tl.constexpr, TILES: tl.constexpr, SPLITS_BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr,
@@ -76,14 +123,24 @@ def finalize_sample_kernel(
     nd = tl.minimum(tl.maximum(tl.load(num_draft_ptr + b).to(tl.int32), 0), gamma)
     n = tl.load(row_n_ptr + b)
     rejected = n < nd
-    lse_t = tl.load(row_lse_ptr + 2 * b)
     lse_d = tl.load(row_lse_ptr + 2 * b + 1)
-
-    # Choose residual or (when it vanished numerically) p, and find the split holding the threshold.
     splits = tl.arange(0, SPLITS_BLOCK)
     live = splits < num_splits
     resid_mass = tl.load(masses_ptr + b * 2 * num_splits + splits, mask=live, other=0.0)
     p_mass = tl.load(masses_ptr + b * 2 * num_splits + num_splits + splits, mask=live, other=0.0)
+    if SIGMOID:
+        # p_mass holds each split's sum of exp(z - m_split): combine into the row's log-sum-exp, then
+        # each split's softmax mass.
+        m = tl.load(split_max_ptr + b * num_splits + splits, mask=live, other=float("-inf"))
+        m_max = tl.max(m, axis=0)
+        m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+        total = tl.sum(p_mass * tl.exp(m - m_safe).to(tl.float64), axis=0)
+        lse_t = m_safe + tl.log(tl.where(total > 0, total, 1.0).to(tl.float32))
+        p_mass = p_mass * tl.exp(m - lse_t).to(tl.float64)
+    else:
+        lse_t = tl.load(row_lse_ptr + 2 * b)
+
+    # Choose residual or (all accepted, or the residual vanished) p; find the split holding the threshold.
     use_resid = tl.sum(resid_mass, axis=0) > 0
     mass = tl.where(use_resid, resid_mass, p_mass)
     cum = tl.cumsum(mass, axis=0)
@@ -128,6 +185,7 @@ class SampledLaunch:
     geo: LaunchGeometry
     strides: tuple[int, int, int, int]
     masses: torch.Tensor
+    split_max: torch.Tensor  # mode sigmoid: per-split max of the target row (exact leaves it unused)
     row_n: torch.Tensor
     row_lse: torch.Tensor
     tokens: torch.Tensor
@@ -152,6 +210,7 @@ def prepare_sampled_launch(target_logits: torch.Tensor, draft_logits: torch.Tens
         uniforms=randomness.uniforms.contiguous(), geo=geo,
         strides=(target_logits.stride(0), target_logits.stride(1), draft_logits.stride(0), draft_logits.stride(1)),
         masses=torch.empty((batch, 2, geo.num_splits), dtype=torch.float64, device=device),
+        split_max=torch.empty((batch, geo.num_splits), dtype=torch.float32, device=device),
         row_n=torch.empty(batch, dtype=torch.int32, device=device),
         row_lse=torch.empty((batch, 2), dtype=torch.float32, device=device),
         tokens=torch.empty((batch, rows), dtype=torch.int64, device=device),
@@ -165,8 +224,8 @@ def launch_finalize(launch: SampledLaunch, num_draft: torch.Tensor, inv_temperat
     batch, rows, vocab = launch.target.shape
     geo = launch.geo
     finalize_sample_kernel[(batch,)](
-        launch.target, launch.draft, launch.draft_tokens, launch.uniforms, launch.masses, launch.row_n,
-        launch.row_lse, num_draft, launch.tokens, launch.accepted,
+        launch.target, launch.draft, launch.draft_tokens, launch.uniforms, launch.masses, launch.split_max,
+        launch.row_n, launch.row_lse, num_draft, launch.tokens, launch.accepted,
         *launch.strides, launch.draft_tokens.stride(0), vocab, rows - 1, geo.num_splits, inv_temperature, alpha,
         inv_width, BLOCK_V=geo.block_v, TILES=geo.tiles, SPLITS_BLOCK=geo.splits_block,
         OUT_BLOCK=launch.rows_block, SIGMOID=sigmoid,

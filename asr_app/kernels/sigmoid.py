@@ -1,18 +1,25 @@
-"""Mode ``sigmoid``: the paper's softmax-free approximation (Wagner et al. 2024), not exact.
+"""Mode ``sigmoid``: the paper's softmax-free acceptance (Wagner et al. 2024), not exact.
 
   p_hat = sigmoid((z_target / T - alpha) / (beta - alpha)), q_hat likewise for the draft,
 elementwise, with no normalisation, so no reduction over the vocabulary is needed to decide:
   draft c is accepted iff  u_c * q_hat(x_c) < p_hat(x_c)   (probability min(1, p_hat/q_hat)),
-  at the first rejection n the next token is drawn from max(0, p_hat_n - q_hat_n) normalised,
-  if all are accepted (or that residual is identically zero) from p_hat_n normalised.
+  at the first rejection n the next token is drawn from max(0, p_hat_n - q_hat_n) normalised over
+  the ids the draft scores (its logit > -inf: a reduced draft head puts q_hat = 0 on the ids it
+  leaves out, which would otherwise hold nearly all of the residual),
+  if all are accepted (or that residual is empty) from the target's own softmax(z_target / T),
+  as transformers draws its bonus token.
+Why not the normalised p_hat for that last token: at the paper's alpha/beta = -/+1e3 every p_hat is
+0.619-0.626, so normalised p_hat is nearly uniform over the vocabulary and each such step would add
+one random token (the rule until issue 31; docs/kernels.md has the figures).
 The draft samples from its own softmax, as in the paper (``draft_probs_from_logits``); the sigmoid
-replaces the softmax only here, in the verification step.
+replaces the softmax only in acceptance and the residual.
 
 ``verify_sigmoid_torch`` is the reference; ``verify_sigmoid_triton`` takes two launches and reads
-only the drafted ids plus one row per batch entry:
-  1. ``_accept_kernel`` grid (B, splits): acceptance from gathered logits, then per-split sums of
-     the sampling row's weights;
-  2. ``sampling.finalize_sample_kernel`` grid (B,): inverse-CDF draw and the output row.
+only the drafted ids plus one row per batch entry (two after a rejection):
+  1. ``_accept_kernel`` grid (B, splits): acceptance from gathered logits, then per split the
+     residual's sum and the target row's online (max, sum of exp);
+  2. ``sampling.finalize_sample_kernel`` grid (B,): the row's log-sum-exp from those partials,
+     inverse-CDF draw and the output row.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from .common import (
     leading_true_count,
     scaled_logits,
 )
-from .sampling import launch_finalize, prepare_sampled_launch, split_masses
+from .sampling import launch_finalize, prepare_sampled_launch, sigmoid_split_stats
 from .triton_support import leading_accepts, tl, triton
 from .types import VerifyRandomness, VerifyResult
 
@@ -36,6 +43,13 @@ from .types import VerifyRandomness, VerifyResult
 def sigmoid_weights(z: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
     """p_hat = sigmoid((z - alpha) / (beta - alpha)) for temperature-scaled float32 logits z."""
     return torch.sigmoid((z - alpha) * (1.0 / (beta - alpha)))
+
+
+def sigmoid_residual(zt: torch.Tensor, zd: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
+    """max(0, p_hat - q_hat) where the draft scores an id (zd > -inf), 0 elsewhere; zt, zd are
+    temperature-scaled float32 logits of one position."""
+    resid = (sigmoid_weights(zt, alpha, beta) - sigmoid_weights(zd, alpha, beta)).clamp_min(0.0)
+    return torch.where(zd > float("-inf"), resid, torch.zeros_like(resid))
 
 
 def verify_sigmoid_torch(
@@ -64,14 +78,14 @@ def verify_sigmoid_torch(
     n = leading_true_count(accept)
     rejected = n < nd
 
+    # The one row that is sampled: the restricted sigmoid residual after a rejection, else the target's softmax.
     rows_b = torch.arange(batch, device=target_logits.device)
-    p_n = sigmoid_weights(scaled_logits(target_logits[rows_b, n], inv_temperature), alpha, beta)
+    zt_n = scaled_logits(target_logits[rows_b, n], inv_temperature)
+    p_n = torch.softmax(zt_n, dim=-1)
     weights = p_n
     if gamma > 0:
-        q_n = sigmoid_weights(
-            scaled_logits(draft_logits[rows_b, n.clamp(max=gamma - 1)], inv_temperature), alpha, beta
-        )
-        weights = torch.where(rejected[:, None], (p_n - q_n).clamp_min(0.0), p_n)
+        zd_n = scaled_logits(draft_logits[rows_b, n.clamp(max=gamma - 1)], inv_temperature)
+        weights = torch.where(rejected[:, None], sigmoid_residual(zt_n, zd_n, alpha, beta), p_n)
     next_token = inverse_cdf_sample(weights, p_n, u[:, gamma])
     return VerifyResult(tokens=assemble_tokens(draft_tokens, n, next_token), num_accepted=n)
 
@@ -79,13 +93,13 @@ def verify_sigmoid_torch(
 @triton.jit
 def _accept_kernel(
     target_ptr, draft_ptr, draft_tokens_ptr, num_draft_ptr, uniforms_ptr,
-    masses_ptr, row_n_ptr, row_lse_ptr,
+    masses_ptr, split_max_ptr, row_n_ptr, row_lse_ptr,
     t_stride_b, t_stride_c, d_stride_b, d_stride_c, tok_stride_b,
     vocab, gamma, num_splits, inv_temperature, alpha, inv_width,
     BLOCK_V: tl.constexpr, TILES: tl.constexpr, ROWS_BLOCK: tl.constexpr,
 ):
-    """Grid (B, splits): acceptance (recomputed by every program: g gathers), then this split's
-    weight sums of the sampling row; program 0 records n."""
+    """Grid (B, splits): acceptance (recomputed by every program: g gathers), then this split's residual
+    sum and (max, sum of exp) of the sampling row; program 0 records n."""
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     nd = tl.minimum(tl.maximum(tl.load(num_draft_ptr + b).to(tl.int32), 0), gamma)
@@ -105,10 +119,11 @@ def _accept_kernel(
 
     t_row = target_ptr + b * t_stride_b + n * t_stride_c
     d_row = draft_ptr + b * d_stride_b + n * d_stride_c
-    resid_mass, p_mass = split_masses(t_row, d_row, split, vocab, rejected, inv_temperature, 0.0, 0.0,
-                                      alpha, inv_width, BLOCK_V, TILES, True)
+    resid_mass, m, s = sigmoid_split_stats(t_row, d_row, split, vocab, rejected, inv_temperature, alpha, inv_width,
+                                           BLOCK_V, TILES)
     tl.store(masses_ptr + b * 2 * num_splits + split, resid_mass)
-    tl.store(masses_ptr + b * 2 * num_splits + num_splits + split, p_mass)
+    tl.store(masses_ptr + b * 2 * num_splits + num_splits + split, s.to(tl.float64))
+    tl.store(split_max_ptr + b * num_splits + split, m)
     if split == 0:
         tl.store(row_n_ptr + b, n)
         tl.store(row_lse_ptr + 2 * b, 0.0)
@@ -133,8 +148,8 @@ def verify_sigmoid_triton(
     geo = launch.geo
     inv_temperature, inv_width = 1.0 / temperature, 1.0 / (beta - alpha)
     _accept_kernel[(batch, geo.num_splits)](
-        launch.target, launch.draft, launch.draft_tokens, num_draft, launch.uniforms, launch.masses, launch.row_n,
-        launch.row_lse, *launch.strides, launch.draft_tokens.stride(0), vocab, rows - 1, geo.num_splits,
+        launch.target, launch.draft, launch.draft_tokens, num_draft, launch.uniforms, launch.masses,
+        launch.split_max, launch.row_n, launch.row_lse, *launch.strides, launch.draft_tokens.stride(0), vocab, rows - 1, geo.num_splits,
         inv_temperature, alpha, inv_width, BLOCK_V=geo.block_v, TILES=geo.tiles, ROWS_BLOCK=launch.rows_block,
     )
     return launch_finalize(launch, num_draft, inv_temperature, alpha, inv_width, sigmoid=True)
