@@ -1,0 +1,131 @@
+"""Training audio: folders of files -> clips of at most one 30 s window, each named by its content.
+
+A clip's key is a hash of its file's bytes plus its window index, so a cached teacher record follows the
+audio, not its path: renaming or moving files keeps the cache, and changing a file's audio does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS, AudioLoadError, is_audio_path, load_audio
+from asr_app.distill.errors import DistillError
+
+MIN_SECONDS = 0.3  # a file's last window shorter than this is left out (nothing to transcribe)
+
+
+@dataclass(frozen=True)
+class Clip:
+    key: str          # content hash of the file + window index
+    path: Path
+    window: int       # which 30 s window of the file
+    seconds: float    # audio in this window
+
+    @property
+    def start(self) -> float:
+        return self.window * WINDOW_SECONDS
+
+
+@dataclass
+class Inventory:
+    """The clips found in some folders, and what was left out (with why)."""
+
+    clips: list[Clip]
+    files: int
+    skipped: list[str]
+
+    @property
+    def hours(self) -> float:
+        return sum(c.seconds for c in self.clips) / 3600
+
+
+def audio_files(sources: Iterable[Path]) -> tuple[list[Path], list[str]]:
+    """Audio files under `sources` (folders searched recursively, files as given), and the sources that
+    are neither."""
+    files: list[Path] = []
+    missing: list[str] = []
+    for source in sources:
+        source = Path(source)
+        if source.is_dir():
+            files += sorted(p for p in source.rglob("*") if is_audio_path(p) and p.is_file())
+        elif source.is_file():
+            files.append(source)
+        else:
+            missing.append(f"{source}: no such file or folder")
+    return list(dict.fromkeys(files)), missing
+
+
+def file_hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:24]
+
+
+def _file_clips(path: Path) -> list[Clip]:
+    """The windows of one file (AudioLoadError / OSError when it cannot be used)."""
+    try:
+        seconds = sf.info(str(path)).duration
+    except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
+        raise AudioLoadError(f"{path}: not a readable audio file ({exc})") from exc
+    if not seconds > 0:
+        raise AudioLoadError(f"{path}: contains no audio")
+    digest = file_hash(path)
+    windows = max(1, math.ceil(seconds / WINDOW_SECONDS))
+    clips = []
+    for index in range(windows):
+        length = min(WINDOW_SECONDS, seconds - index * WINDOW_SECONDS)
+        if length >= MIN_SECONDS:
+            clips.append(Clip(f"{digest}-w{index}", path, index, round(length, 3)))
+    return clips
+
+
+def inventory(sources: Sequence[Path], role: str = "training") -> Inventory:
+    """The clips of every usable file under `sources`; DistillError when there is none."""
+    files, skipped = audio_files(sources)
+    clips: list[Clip] = []
+    for path in files:
+        try:
+            clips += _file_clips(path)
+        except (AudioLoadError, OSError) as exc:
+            skipped.append(str(exc))
+    if not clips:
+        where = ", ".join(str(s) for s in sources)
+        why = f"; first problem: {skipped[0]}" if skipped else ""
+        raise DistillError(f"no usable {role} audio in {where}: {len(files)} audio file(s) found, none readable "
+                           f"(extensions read: wav, flac, ogg, opus, mp3, ...){why}")
+    return Inventory(clips, len(files), skipped)
+
+
+def split_holdout(clips: list[Clip], fraction: float) -> tuple[list[Clip], list[Clip]]:
+    """(training, held-out): the files whose hashes sort first are held out, whole (a file's windows never
+    land on both sides), at least one file when there are two or more."""
+    digests = sorted({c.key.split("-")[0] for c in clips})
+    count = math.ceil(fraction * len(digests)) if fraction > 0 and len(digests) > 1 else 0
+    held = set(digests[: min(count, len(digests) - 1)])
+    return [c for c in clips if c.key.split("-")[0] not in held], [c for c in clips if c.key.split("-")[0] in held]
+
+
+class ClipReader:
+    """A clip's 16 kHz samples; the last file read is kept, since a long file's windows come in order."""
+
+    def __init__(self) -> None:
+        self._path: Path | None = None
+        self._samples = np.zeros(0, dtype=np.float32)
+
+    def __call__(self, clip: Clip) -> np.ndarray:
+        if clip.path != self._path:
+            self._samples, self._path = load_audio(clip.path), clip.path
+        start = int(clip.start * SAMPLE_RATE)
+        samples = self._samples[start : start + int(WINDOW_SECONDS * SAMPLE_RATE)]
+        if samples.size == 0:
+            raise AudioLoadError(f"{clip.path}: window {clip.window} holds no samples")
+        return samples

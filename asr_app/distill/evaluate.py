@@ -1,0 +1,116 @@
+"""How good a draft is for its target, on held-out audio the training never saw.
+
+Two views: teacher-forced (does the draft's argmax agree with the target's greedy token along the target's
+own transcript; KL and cross-entropy as in training), and in the decoder itself (tokens per target call at
+fixed gammas, greedy `exact` identical to `off`, and `exact`'s end-to-end speed against `off`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from asr_app.decoding.engine import SpeculativeDecoder
+from asr_app.decoding.options import DecodingOptions, DecodingStats, RuntimeOptions
+from asr_app.distill.batching import collate
+from asr_app.distill.cache import LabelInfo
+from asr_app.distill.loss import distill_loss, student_logits
+from asr_app.distill.options import EvalOptions
+from asr_app.models.loading import ModelPair, check_pair
+
+
+@dataclass
+class TeacherForced:
+    positions: int
+    agreement: float
+    kl: float
+    ce: float
+
+
+@dataclass
+class InDecoder:
+    clips: int
+    tokens_per_call: dict[int, float]       # gamma -> output tokens per target call
+    acceptance: dict[int, float | None]     # gamma -> accepted drafts / drafted
+    identical: int                          # clips whose greedy exact output equals off's
+    mismatched: list[str] = field(default_factory=list)
+    off_s: float | None = None              # wall time of off over the clips (cost-aware exact beside it)
+    exact_s: float | None = None
+    by_language: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> float | None:
+        return self.off_s / self.exact_s if self.off_s and self.exact_s else None
+
+
+@torch.no_grad()
+def teacher_forced(student, examples: Sequence[LabelInfo], load: Callable, head: torch.Tensor,
+                   to_head: torch.Tensor, suppress: torch.Tensor | None, view: str, device: torch.device,
+                   batch_size: int = 16) -> TeacherForced:
+    """Agreement, KL and cross-entropy over every predicted position of `examples`, position-weighted."""
+    was_training = student.training
+    student.eval()
+    agreed = positions = 0
+    kl = ce = 0.0
+    ordered = sorted(examples, key=lambda e: e.length)
+    for start in range(0, len(ordered), batch_size):
+        batch = collate(ordered[start : start + batch_size], load, to_head, view, device)
+        parts = distill_loss(student_logits(student, batch, head), batch, 1.0, 1.0, suppress)
+        agreed, positions = agreed + parts.agreed, positions + parts.positions
+        kl, ce = kl + parts.kl * parts.positions, ce + parts.ce * parts.positions
+    student.train(was_training)
+    n = max(positions, 1)
+    return TeacherForced(positions, agreed / n, kl / n, ce / n)
+
+
+def _decode_all(decoder: SpeculativeDecoder, clips: Sequence[np.ndarray], options: DecodingOptions):
+    """Each clip alone (batch 1, as a user's file is decoded); (results, wall seconds)."""
+    began = time.perf_counter()
+    results = [decoder.decode(clip, options)[0] for clip in clips]
+    return results, time.perf_counter() - began
+
+
+def in_decoder(pair: ModelPair, draft, clips: Sequence[np.ndarray], names: Sequence[str], options: EvalOptions,
+               max_new_tokens: int = 224, runtime: RuntimeOptions = RuntimeOptions()) -> InDecoder:
+    """The draft in the project's decoder beside `pair.target` (its encoder shared), greedy, with the
+    teacher pass's token limit."""
+    check_pair(pair.target, draft, pair.target_name, "the distilled draft")
+    with_draft = ModelPair(pair.target, draft, pair.processor, pair.device, pair.dtype, True, pair.target_name,
+                           "distilled draft")
+    decoder = SpeculativeDecoder(with_draft, DecodingOptions(mode="off"), runtime)
+    multilingual = bool(getattr(pair.target.generation_config, "is_multilingual", False))
+    base = DecodingOptions(mode="off", language=None if multilingual else "en", timestamps=options.timestamps,
+                           max_new_tokens=max_new_tokens)
+    exact = dataclasses.replace(base, mode="exact")
+    decoder.decode(clips[0], base), decoder.decode(clips[0], exact)  # warm-up: first-use costs are not timed
+    off, off_s = _decode_all(decoder, clips, base)
+    auto, exact_s = _decode_all(decoder, clips, exact)
+    mismatched = [name for name, a, b in zip(names, off, auto) if a.tokens != b.tokens]
+    tokens, acceptance = {}, {}
+    for gamma in options.gammas:
+        results, _ = _decode_all(decoder, clips, dataclasses.replace(exact, gamma=gamma))
+        stats = DecodingStats.total([r.stats for r in results])
+        tokens[gamma] = stats.tokens_out / max(stats.target_calls, 1)
+        acceptance[gamma] = stats.acceptance_rate
+        mismatched += [f"{name} (gamma {gamma})" for name, a, b in zip(names, off, results) if a.tokens != b.tokens]
+    return InDecoder(len(clips), tokens, acceptance, len(clips) - len({m.split(" (")[0] for m in mismatched}),
+                     mismatched, off_s if options.speed else None, exact_s if options.speed else None,
+                     _by_language(off, auto))
+
+
+def _by_language(off, exact) -> dict[str, dict]:
+    """Per detected language: clips, and the cost-aware exact run's acceptance and tokens per target call."""
+    groups: dict[str, list] = {}
+    for a, b in zip(off, exact):
+        groups.setdefault(a.language or "?", []).append(b.stats)
+    out = {}
+    for language, stats in sorted(groups.items()):
+        total = DecodingStats.total(stats)
+        out[language] = {"clips": len(stats), "acceptance": total.acceptance_rate,
+                         "tokens_per_call": total.tokens_out / max(total.target_calls, 1)}
+    return out

@@ -1,0 +1,328 @@
+"""`distill`: the whole recipe, from folders of audio to a draft folder with its card (docs/distill.md).
+
+    out folder  -> checked first (a finished draft, an interrupted run without --resume: one clear line)
+    audio       -> clips (data.py)            target -> fingerprint (teacher.py)
+    teacher pass, cached per clip (teacher.py, cache.py)
+    student (student.py) -> training with checkpoints (train.py)
+    export (export.py) -> evaluation on held-out audio (evaluate.py) -> card and plot (card.py)
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import WhisperForCausalLM
+
+from asr_app.decoding.prompt import eos_token
+from asr_app.distill import card as cards
+from asr_app.distill.batching import Schedule, head_index
+from asr_app.distill.cache import LabelInfo, TeacherCache, default_cache_root
+from asr_app.distill.checkpoint import CHECKPOINT, RunFile, differences, normalised
+from asr_app.distill.data import Clip, ClipReader, inventory, split_holdout
+from asr_app.distill.errors import DistillError
+from asr_app.distill.evaluate import in_decoder, teacher_forced
+from asr_app.distill.export import save_draft, write_bundle
+from asr_app.distill.options import DistillOptions
+from asr_app.distill.student import build_student, default_layers, head_weight
+from asr_app.distill.teacher import Teacher, target_fingerprint
+from asr_app.distill.train import StepLog, Trainer, TrainResult
+from asr_app.models import ct2
+from asr_app.models.loading import ModelPair, load_pair
+from asr_app.runtime.vocab import TokenSpace, draft_vocabulary
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
+
+
+class Reporter:
+    """What a front end hears of a run (the CLI draws bars from it); every method may do nothing."""
+
+    def message(self, text: str) -> None: ...
+
+    def teacher(self, done: int, total: int) -> None: ...
+
+    def step(self, log: StepLog, result: TrainResult, total: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class TeacherStats:
+    computed: int = 0
+    reused: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class DistillResult:
+    out: Path
+    card: dict
+    training: TrainResult
+    teacher: TeacherStats
+    cache: Path
+    student: WhisperForCausalLM   # the trained draft in float32, as it left training (the folder holds float16)
+
+
+# ---------------------------------------------------------------------- checks before any model loads
+def check_out(options: DistillOptions) -> RunFile:
+    """The output folder can take this run: new or empty, or an interrupted run and --resume."""
+    run = RunFile(options.out)
+    doc = run.read()
+    out = options.out
+    if doc is None:
+        if options.resume:
+            raise DistillError(f"nothing to resume in {out}: it holds no asr-distill run (start without --resume)")
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise DistillError(f"{out} exists and is not an empty folder; choose a new --out for the draft")
+        return run
+    if doc.get("status") == "done":
+        raise DistillError(f"{out} already holds a finished draft; choose another --out (or remove that folder)")
+    if not options.resume:
+        where = "while training" if (out / CHECKPOINT).is_file() else f"in its {doc.get('status', '?')} stage"
+        raise DistillError(f"{out} holds an interrupted run (stopped {where}): continue it with the same command "
+                           "and --resume, or choose another --out")
+    return run
+
+
+def check_tokenizer(target: str) -> None:
+    """A local target folder must carry its tokenizer: the teacher's transcripts are made of its tokens."""
+    folder = Path(target).expanduser()
+    if not folder.is_dir() or ct2.is_ct2_dir(folder) or not (folder / "config.json").is_file():
+        return
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise DistillError(f"target '{target}' has no tokenizer ({' or '.join(TOKENIZER_FILES)}): copy the tokenizer "
+                           "files of the Whisper it was made from into the folder")
+
+
+# ---------------------------------------------------------------------- data and the teacher pass
+@dataclass
+class _Data:
+    train: list[Clip]
+    held: list[Clip]
+    skipped: list[str]   # training files left out, with why
+
+
+def _clips(options: DistillOptions) -> _Data:
+    train_inv = inventory(options.audio)
+    clips = list({c.key: c for c in train_inv.clips}.values())  # a file given twice is one file
+    if options.eval_audio:
+        held = list({c.key: c for c in inventory(options.eval_audio, role="held-out").clips}.values())
+        keys = {h.key for h in held}
+        train = [c for c in clips if c.key not in keys]  # never train on held-out audio
+    else:
+        train, held = split_holdout(clips, options.holdout)
+    if not train:
+        raise DistillError("every training clip is also held-out audio: nothing is left to train on")
+    return _Data(train, held, train_inv.skipped)
+
+
+def teacher_pass(pair: ModelPair, cache: TeacherCache, clips: list[Clip], options: DistillOptions,
+                 report: Reporter) -> TeacherStats:
+    began = time.perf_counter()
+    todo = [c for c in clips if not cache.valid(c.key)]
+    stats = TeacherStats(reused=len(clips) - len(todo))
+    if todo:
+        report.message(f"teacher pass: {len(todo)} clips to label ({stats.reused} found in the cache {cache.folder})")
+        teacher, read = Teacher(pair, options.teacher), ClipReader()
+        size = options.teacher.batch_size
+        for start in range(0, len(todo), size):
+            usable, audio = [], []
+            for clip in todo[start : start + size]:
+                try:
+                    audio.append(read(clip))
+                    usable.append(clip)
+                except (OSError, ValueError) as exc:  # AudioLoadError is a ValueError
+                    stats.failed += 1
+                    report.message(f"skipped: {exc}")
+            for clip, record in zip(usable, teacher.label(usable, audio) if usable else []):
+                cache.save(clip.key, record)
+            stats.computed += len(usable)
+            report.teacher(start + len(todo[start : start + size]), len(todo))
+    stats.seconds = time.perf_counter() - began
+    return stats
+
+
+def _examples(cache: TeacherCache, clips: list[Clip], keep_capped: bool) -> tuple[list[LabelInfo], int]:
+    """Every cached label of `clips` (capped ones only when asked for), and how many were left out."""
+    infos = [info for c in clips if cache.valid(c.key) for info in cache.labels(c.key)]
+    kept = [i for i in infos if keep_capped or not i.capped]
+    return kept, len(infos) - len(kept)
+
+
+def _digest(clips: list[Clip]) -> str:
+    return hashlib.sha256(json.dumps(sorted(c.key for c in clips)).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------- the run
+@dataclass
+class _Head:
+    ids: torch.Tensor | None
+    weight: torch.Tensor
+    to_head: torch.Tensor
+    suppress: torch.Tensor | None
+
+
+def _head(pair: ModelPair, student, size: int | None) -> _Head:
+    tokenizer, gc = pair.processor.tokenizer, pair.target.generation_config
+    vocab = pair.target.config.vocab_size
+    ids = draft_vocabulary(tokenizer, vocab, eos_token(gc), size) if size else None
+    suppress = list(getattr(gc, "suppress_tokens", None) or [])
+    mask = TokenSpace(vocab, ids).mask(suppress, pair.device) if suppress else None
+    return _Head(ids, head_weight(student, ids), head_index(vocab, ids), mask)
+
+
+def _identity(options: DistillOptions, data: _Data, fingerprint: str | None) -> dict:
+    """What makes a run this run; without the target's fingerprint, the part known before it loads."""
+    teacher = {**options.teacher.cache_key(), "keep_capped": options.teacher.keep_capped}
+    identity = {"teacher": teacher, "train": options.train.identity(), "train_clips": _digest(data.train),
+                "held_out_clips": _digest(data.held)}
+    return identity if fingerprint is None else {"target": fingerprint, **identity}
+
+
+def _check_resumable(run: RunFile, identity: dict) -> None:
+    stored = dict((run.read() or {}).get("identity", {}))
+    if "target" not in identity:
+        stored.pop("target", None)
+    changed = differences(stored, normalised(identity))
+    if changed:
+        raise DistillError(f"the run in {run.folder} was started with other options, audio or target (it differs "
+                           f"in {', '.join(changed[:6])}); resume it with the same command")
+
+
+def _load_target(options: DistillOptions) -> ModelPair:
+    pair = load_pair(target=options.target, draft=None, device=options.device, dtype=options.dtype)
+    if getattr(pair.processor, "tokenizer", None) is None:
+        raise DistillError(f"target '{options.target}' has no tokenizer: the teacher's transcripts need one")
+    return pair
+
+
+@dataclass
+class _Run:
+    """One run's context, built up stage by stage."""
+
+    options: DistillOptions
+    report: Reporter
+    command: str
+    file: RunFile
+    data: _Data
+    pair: ModelPair
+    identity: dict
+    cache: TeacherCache
+    teacher: TeacherStats | None = None
+    examples: list[LabelInfo] = field(default_factory=list)
+    held_examples: list[LabelInfo] = field(default_factory=list)
+    capped: int = 0
+
+
+def distill(options: DistillOptions, report: Reporter | None = None, command: str = "") -> DistillResult:
+    """Distil a draft for `options.target` into `options.out`; DistillError (one line) for what a user can fix."""
+    file = check_out(options)
+    check_tokenizer(options.target)
+    data = _clips(options)
+    if options.resume:
+        _check_resumable(file, _identity(options, data, None))  # before the target loads: a quick answer
+    pair = _load_target(options)
+    identity = _identity(options, data, target_fingerprint(pair.target))
+    if options.resume:
+        _check_resumable(file, identity)
+    options.out.mkdir(parents=True, exist_ok=True)
+    file.write(identity, "teacher pass")
+    cache = TeacherCache(options.cache or default_cache_root(), identity["target"], options.teacher.cache_key(),
+                         pair.target_name)
+    run = _Run(options, report or Reporter(), command, file, data, pair, identity, cache)
+    run.teacher = teacher_pass(pair, cache, data.train + data.held, options, run.report)
+    run.examples, run.capped = _examples(cache, data.train, options.teacher.keep_capped)
+    if not run.examples:
+        raise DistillError(f"the teacher produced no usable labels for the training audio ({run.capped} reached "
+                           f"max_new_tokens={options.teacher.max_new_tokens} without ending)")
+    run.held_examples = _examples(cache, data.held, options.teacher.keep_capped)[0]
+    return _train_and_write(run)
+
+
+def _train_and_write(run: _Run) -> DistillResult:
+    options, pair = run.options, run.pair
+    torch.manual_seed(options.train.seed)
+    student = build_student(pair.target, options.train.layers).to(pair.device)
+    head = _head(pair, student, options.train.draft_vocab)
+    load = functools.lru_cache(maxsize=128)(run.cache.load)
+    measure = functools.partial(teacher_forced, load=load, head=head.weight, to_head=head.to_head,
+                                suppress=head.suppress, view=options.train.audio_view, device=pair.device)
+    initial = measure(student, run.held_examples) if run.held_examples else None
+    run.file.write(run.identity, "training")
+    trainer = Trainer(student, Schedule(run.examples, options.train.batch_size, options.train.seed), load,
+                      head.weight, head.to_head, head.suppress, options.train, options.out, run.identity, pair.device)
+    result = trainer.run(options.resume, lambda log, res: run.report.step(log, res, options.train.steps))
+    run.report.close()
+    run.file.write(run.identity, "evaluation")
+    save_draft(student, pair.processor, options.out)
+    write_bundle(student, options.out)
+    # Evaluated as it ships: the folder's float16 weights, loaded the way --draft loads them.
+    exported = WhisperForCausalLM.from_pretrained(options.out, dtype=pair.dtype).to(pair.device).eval()
+    evaluation = None
+    if run.held_examples:
+        evaluation = {"initial": asdict(initial), **_evaluate(run, exported, measure(student, run.held_examples))}
+    card = _card(run, result, evaluation)
+    history = result.history
+    cards.plot_history(options.out / cards.PLOT, [h.step for h in history], [h.loss for h in history],
+                       [h.agreement for h in history], (evaluation or {}).get("final", {}).get("agreement"))
+    cards.write_card(options.out, card)
+    run.file.write(run.identity, "done")
+    (options.out / CHECKPOINT).unlink(missing_ok=True)
+    return DistillResult(options.out, card, result, run.teacher, run.cache.folder, student)
+
+
+def _evaluate(run: _Run, exported, final) -> dict:
+    """The teacher-forced figures `final`, and the exported draft in the decoder, on the held-out clips."""
+    held, options = run.data.held, run.options
+    run.report.message(f"evaluating on {len(held)} held-out clips")
+    clips = held[: options.evaluation.max_clips] if options.evaluation.max_clips else held
+    read = ClipReader()
+    audio = [read(c) for c in clips]
+    names = [f"{c.path.name}#{c.window}" for c in clips]
+    decoder = in_decoder(run.pair, exported, audio, names, options.evaluation, options.teacher.max_new_tokens)
+    return {"clips": len(held), "hours": sum(c.seconds for c in held) / 3600, "final": asdict(final),
+            "decoder": {**asdict(decoder), "speedup": decoder.speedup}}
+
+
+def _mean_log(logs: list[StepLog]) -> dict:
+    """Loss and training-batch agreement over a few steps (one step's batch is noisy)."""
+    return {"steps": len(logs), "loss": sum(h.loss for h in logs) / len(logs),
+            "agreement": sum(h.agreement for h in logs) / len(logs)}
+
+
+def _data_card(run: _Run) -> dict:
+    options, data = run.options, run.data
+    return {"train": {"sources": [str(s) for s in options.audio], "files": len({c.path for c in data.train}),
+                      "clips": len(data.train), "hours": sum(c.seconds for c in data.train) / 3600,
+                      "labels": len(run.examples), "positions": sum(e.predicted for e in run.examples),
+                      "capped_left_out": run.capped, "skipped_files": len(data.skipped)},
+            "held_out": {"sources": [str(s) for s in options.eval_audio] or [f"holdout {options.holdout}"],
+                         "clips": len(data.held), "hours": sum(c.seconds for c in data.held) / 3600}}
+
+
+def _card(run: _Run, result: TrainResult, evaluation: dict | None) -> dict:
+    options, target, device, stats = run.options, run.pair.target, run.pair.device, run.teacher
+    return {
+        "target": {"name": run.pair.target_name, "fingerprint": run.identity["target"],
+                   "vocab": target.config.vocab_size, "d_model": target.config.d_model,
+                   "decoder_layers": target.config.decoder_layers},
+        "command": run.command, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "device": f"cpu ({torch.get_num_threads()} threads)" if device.type == "cpu" else str(device),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "data": _data_card(run),
+        "teacher": {**asdict(options.teacher), "variants": [v.name for v in options.teacher.variants()],
+                    "seconds": stats.seconds, "computed": stats.computed, "reused": stats.reused,
+                    "failed": stats.failed},
+        "training": {**asdict(options.train), "layers": list(options.train.layers or default_layers(target)),
+                     "steps": result.steps, "seconds": result.seconds, "resumed_at": result.resumed_at,
+                     "first": _mean_log(result.history[:5]), "final": _mean_log(result.history[-5:])},
+        "evaluation": evaluation,
+        "files": {"weights": "model.safetensors", "bundle": "bundle/", "plot": cards.PLOT},
+    }

@@ -1,0 +1,149 @@
+"""The teacher pass: the target's encoder output, its own greedy transcripts and its top-k distribution.
+
+Labels come from the project's own decoder in mode `off` (SpeculativeDecoder with no draft), so they carry
+exactly the rules every transcript carries (suppressed tokens, timestamp rules, language detection). The
+distribution along each label is the target's raw log-softmax (before the rules), teacher-forced through
+the same decoder runtime (one cache per clip, its cross-attention computed once): the student's raw
+distribution is what is matched to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from asr_app.audio import SAMPLE_RATE
+from asr_app.decoding.engine import SpeculativeDecoder
+from asr_app.decoding.options import DecodingOptions, RuntimeOptions
+from asr_app.decoding.prompt import build_prompt, eos_token
+from asr_app.distill.data import Clip
+from asr_app.distill.options import TeacherOptions, Variant
+
+# Config entries that say how a checkpoint was stored or named, not what it computes.
+_NOT_FINGERPRINTED = ("dtype", "torch_dtype", "transformers_version", "_name_or_path", "architectures")
+
+
+def target_fingerprint(model) -> str:
+    """SHA-256 of what the target computes: its configs and every tensor, as float16 (so a float32 copy on
+    a CPU and a float16 copy on a GPU of one checkpoint share a cache)."""
+    digest = hashlib.sha256()
+    for config in (model.config.to_dict(), model.generation_config.to_dict()):
+        kept = {k: v for k, v in config.items() if k not in _NOT_FINGERPRINTED}
+        digest.update(json.dumps(kept, sort_keys=True, default=str).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to("cpu", torch.float16).contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass
+class Label:
+    """One label sequence: the prompt, the target's greedy output and <|endoftext|> (unless capped)."""
+
+    variant: Variant
+    tokens: list[int]
+    prompt_len: int
+    topk_ids: torch.Tensor    # int32 [n, k]: the target's top-k ids at each of the n predicted positions
+    topk_logp: torch.Tensor   # float32 [n, k]: their log-probabilities
+    capped: bool              # the output reached max_new_tokens without ending
+
+    @property
+    def predicted(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+
+@dataclass
+class Record:
+    """What the teacher pass keeps of one clip."""
+
+    encoder: torch.Tensor     # float16 [frames, d_model]: the target's encoder output over the 30 s window
+    seconds: float
+    language: str | None
+    labels: list[Label]       # capped ones included (the cache keeps them; training may leave them out)
+
+
+def clip_variants(clip: Clip, options: TeacherOptions) -> tuple[Variant, ...]:
+    """The prompts this clip is labelled with; `mixed` keeps one timestamp setting, chosen by its hash."""
+    variants = options.variants()
+    if options.timestamps != "mixed":
+        return variants
+    stamped = int(hashlib.sha256(clip.key.encode()).hexdigest(), 16) % 2 == 1
+    return tuple(v for v in variants if v.timestamps == stamped)
+
+
+class Teacher:
+    def __init__(self, pair, options: TeacherOptions) -> None:
+        self.pair = pair
+        self.options = options
+        self.target = pair.target
+        # Target-only decoding: no draft, whole-vocabulary head; the labels are the target's greedy output.
+        self.decoder = SpeculativeDecoder(pair, DecodingOptions(mode="off"), RuntimeOptions(draft_vocab=None))
+        gc = self.target.generation_config
+        self.multilingual = bool(getattr(gc, "is_multilingual", False))
+        self.eos = eos_token(gc)
+
+    @torch.inference_mode()
+    def label(self, clips: Sequence[Clip], audio: Sequence[np.ndarray]) -> list[Record]:
+        feats = self.decoder.feature_extractor([np.asarray(a, dtype=np.float32) for a in audio],
+                                               sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+        hidden = self.decoder.target_encoder(feats.to(device=self.pair.device, dtype=self.pair.dtype))
+        outputs = self._transcribe(clips, audio)
+        records = []
+        for row, clip in enumerate(clips):
+            language, decoded = outputs[row]
+            # One cache per clip: the cross-attention keys and values are computed once for all its labels.
+            state = self.decoder.target_runtime.new_state(hidden[row : row + 1])
+            labels = [self._label(state, variant, language, tokens) for variant, tokens in decoded]
+            records.append(Record(hidden[row].to("cpu", torch.float16).contiguous(), clip.seconds, language, labels))
+        return records
+
+    def _decode(self, audio: list[np.ndarray], variant: Variant, language: str | None):
+        opts = DecodingOptions(mode="off", language=language, task=variant.task, timestamps=variant.timestamps,
+                               max_new_tokens=self.options.max_new_tokens)
+        return self.decoder.decode(audio, opts)
+
+    def _transcribe(self, clips: Sequence[Clip], audio: Sequence[np.ndarray]):
+        """Per clip: (language, [(variant, output tokens)]). Each clip's first variant is decoded with the
+        language given (None: detected by the target), the others in the language found then."""
+        plans = [clip_variants(c, self.options) for c in clips]
+        given = self.options.language if self.multilingual else "en"
+        languages: list[str | None] = [given] * len(clips)
+        decoded: list[list[tuple[Variant, list[int]]]] = [[] for _ in clips]
+        firsts = sorted({p[0] for p in plans}, key=lambda v: (v.task, v.timestamps))
+        for variant in firsts:
+            rows = [i for i, p in enumerate(plans) if p[0] == variant]
+            for i, result in zip(rows, self._decode([audio[i] for i in rows], variant, given)):
+                languages[i] = result.language or given
+                decoded[i].append((variant, result.tokens))
+        later = sorted({(v, languages[i]) for i, p in enumerate(plans) for v in p[1:]},
+                       key=lambda k: (k[0].task, k[0].timestamps, k[1] or ""))
+        for variant, language in later:
+            rows = [i for i, p in enumerate(plans) if variant in p[1:] and languages[i] == language]
+            for i, result in zip(rows, self._decode([audio[i] for i in rows], variant, language)):
+                decoded[i].append((variant, result.tokens))
+        return list(zip(languages, decoded))
+
+    def _label(self, state, variant: Variant, language: str | None, output: list[int]) -> Label:
+        gc = self.target.generation_config
+        prompt = build_prompt(gc, self.decoder.tokenizer, language=language if self.multilingual else None,
+                              task=variant.task, timestamps=variant.timestamps, previous_text=None,
+                              max_target_positions=self.target.config.max_target_positions).tokens
+        capped = len(output) >= self.options.max_new_tokens
+        tokens = [*prompt, *output] + ([] if capped else [self.eos])
+        ids, logp = self._top_k(state, tokens, len(prompt))
+        return Label(variant, tokens, len(prompt), ids, logp, capped)
+
+    def _top_k(self, state, tokens: list[int], prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's top-k (ids, log-probabilities) at each position that predicts an output token,
+        teacher-forced through the project's decoder runtime (the one that made the label)."""
+        runtime = self.decoder.target_runtime
+        state.rollback(0)
+        hidden = runtime.step(state, torch.tensor([tokens[:-1]], device=self.pair.device))
+        logp = torch.log_softmax(runtime.logits(hidden[:, prompt_len - 1 :])[0].float(), dim=-1)
+        top = logp.topk(min(self.options.top_k, logp.shape[-1]), dim=-1)
+        return top.indices.to("cpu", torch.int32), top.values.cpu()

@@ -1,0 +1,241 @@
+"""asr-distill on a small random Whisper and a handful of real clips: it learns, its draft loads with --draft
+and decodes greedy-identically to the target, the teacher cache is reused and follows the target, a killed
+run resumes to the very weights of an uninterrupted one, and bad input gets one clear line."""
+
+from __future__ import annotations
+
+import copy
+import errno
+import json
+import shutil
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import LIBRISPEECH_DIR, LJSPEECH_DIR, TINY_EN_DIR
+from transformers import WhisperConfig, WhisperForConditionalGeneration, WhisperProcessor
+
+from asr_app.audio import load_audio
+from asr_app.cli import distill as cli
+from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+from asr_app.distill import DistillError, DistillOptions, EvalOptions, TeacherOptions, TrainOptions
+from asr_app.distill.export import embed_sha256
+from asr_app.distill.loss import kl_top_k
+from asr_app.distill.options import RUNTIME_DRAFT_VOCAB
+from asr_app.distill.pipeline import Reporter, distill
+from asr_app.models import load_pair
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+TRAIN_CLIPS = [LJSPEECH_DIR / "wavs" / f"LJ001-000{i}.flac" for i in range(1, 7)]
+HELD_OUT = sorted(LIBRISPEECH_DIR.rglob("1089-134691-0000.flac")) + sorted(LIBRISPEECH_DIR.rglob("1089-134686-0001.flac"))
+MAX_TOKENS = 24  # a random target never ends a transcript: short labels keep the test fast
+
+
+def random_target(seed: int = 0) -> WhisperForConditionalGeneration:
+    """A 4-decoder-layer random Whisper with tiny.en's vocabulary and rules; init_std 0.2 makes its
+    transcripts depend on the audio (at the default 0.02 every clip gives the same tokens)."""
+    torch.manual_seed(seed)
+    real = WhisperConfig.from_pretrained(TINY_EN_DIR)
+    config = WhisperConfig(
+        vocab_size=real.vocab_size, d_model=32, encoder_layers=1, decoder_layers=4, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=80, init_std=0.2,
+        max_source_positions=1500, max_target_positions=448, decoder_start_token_id=real.decoder_start_token_id,
+        bos_token_id=real.bos_token_id, eos_token_id=real.eos_token_id, pad_token_id=real.pad_token_id,
+        suppress_tokens=real.suppress_tokens, begin_suppress_tokens=real.begin_suppress_tokens)
+    model = WhisperForConditionalGeneration(config).eval()
+    model.generation_config = copy.deepcopy(WhisperForConditionalGeneration.from_pretrained(TINY_EN_DIR).generation_config)
+    return model
+
+
+def save_target(model, folder) -> str:
+    model.save_pretrained(folder)
+    WhisperProcessor.from_pretrained(TINY_EN_DIR).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    root = tmp_path_factory.mktemp("distill")
+    for name, clips in (("train", TRAIN_CLIPS), ("held", HELD_OUT)):
+        (root / name).mkdir()
+        for clip in clips:
+            shutil.copy(clip, root / name / clip.name)
+    save_target(random_target(), root / "target")
+    return root
+
+
+def options(ws, out: str, steps: int = 6, **train) -> DistillOptions:
+    """A cheap run: no held-out evaluation, the audio view of the encoder output."""
+    return DistillOptions(target=str(ws / "target"), audio=(ws / "train",), out=ws / out, holdout=0.0,
+                          cache=ws / "cache", device="cpu",
+                          teacher=TeacherOptions(max_new_tokens=MAX_TOKENS, keep_capped=True),
+                          train=TrainOptions(steps=steps, batch_size=4, lr=3e-3, min_lr=3e-4, warmup_steps=2,
+                                             audio_view="audio", **train),
+                          evaluation=EvalOptions(gammas=(1, 3)))
+
+
+@pytest.fixture(scope="module")
+def cli_run(workspace):
+    """One whole run through the command line, held-out evaluation included."""
+    ws = workspace
+    argv = ["--target", str(ws / "target"), "--audio", str(ws / "train"), "--eval-audio", str(ws / "held"),
+            "--out", str(ws / "draft"), "--cache", str(ws / "cache"), "--device", "cpu", "--threads", "1",
+            "--steps", "16", "--batch-size", "4", "--lr", "3e-3", "--min-lr", "3e-4", "--warmup", "2",
+            "--max-new-tokens", str(MAX_TOKENS), "--keep-capped", "--gammas", "1,3", "--quiet"]
+    code = cli.main(argv)
+    return code, ws / "draft"
+
+
+def test_distillation_learns(cli_run):
+    code, out = cli_run
+    assert code == 0
+    card = json.loads((out / "card.json").read_text())
+    assert card["teacher"]["computed"] == 8 and card["data"]["train"]["labels"] == 12  # 6 clips x (with, without) stamps
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "done" and not (out / "checkpoint.pt").exists()
+    ev = card["evaluation"]
+    assert ev["clips"] == 2 and ev["final"]["positions"] > 0
+    assert ev["final"]["agreement"] > ev["initial"]["agreement"] + 0.05, ev  # held-out, teacher-forced
+    assert ev["final"]["ce"] < ev["initial"]["ce"]
+    train = card["training"]
+    assert train["steps"] == 16 and train["final"]["loss"] < 0.85 * train["first"]["loss"], train
+    assert train["final"]["agreement"] > train["first"]["agreement"], train
+    assert (out / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "teacher-forced agreement" in (out / "README.md").read_text()
+
+
+def test_draft_loads_with_draft_dir_and_decodes_like_the_target(cli_run, workspace):
+    code, out = cli_run
+    assert code == 0
+    card = json.loads((out / "card.json").read_text())
+    assert card["evaluation"]["decoder"]["identical"] == 2 and not card["evaluation"]["decoder"]["mismatched"]
+    pair = load_pair(target=str(workspace / "target"), draft=str(out), device="cpu")
+    assert pair.shared_encoder and pair.draft.config.decoder_layers == 2
+    decoder = SpeculativeDecoder(pair)
+    clips = [load_audio(p) for p in HELD_OUT]
+    for timestamps in (False, True):
+        off = decoder.decode(clips, DecodingOptions(mode="off", timestamps=timestamps, max_new_tokens=40))
+        exact = decoder.decode(clips, DecodingOptions(mode="exact", gamma=3, timestamps=timestamps, max_new_tokens=40))
+        assert [r.tokens for r in exact] == [r.tokens for r in off]
+        assert sum(r.stats.accepted for r in exact) > 0  # the draft's proposals were kept, not just checked
+    # the package's bundle form: the draft's own tensors, keyed to the target's token embedding
+    from safetensors import safe_open
+
+    with safe_open(str(out / "bundle" / "draft.safetensors"), "pt") as f:
+        assert f.metadata()["embed_sha256"] == embed_sha256(pair.target.get_decoder().embed_tokens.weight)
+        assert not any("embed" in k or "proj_out" in k for k in f.keys())
+
+
+@pytest.fixture(scope="module")
+def whole_run(workspace, cli_run):
+    """An uninterrupted run after the CLI's, on the same clips and cache."""
+    return distill(options(workspace, "whole", steps=6, checkpoint_steps=2))
+
+
+def test_teacher_cache_is_reused_and_follows_the_target(workspace, whole_run):
+    ws, again = workspace, whole_run
+    assert (again.teacher.computed, again.teacher.reused) == (0, 6)  # the CLI run labelled these clips
+    changed = random_target()
+    with torch.no_grad():
+        changed.model.decoder.layers[1].fc1.weight[0, 0] += 0.5  # one weight: another target
+    other = replace(options(ws, "other", steps=2), target=save_target(changed, ws / "target2"))
+    result = distill(other)
+    assert (result.teacher.computed, result.teacher.reused) == (6, 0)
+    assert result.cache != again.cache and again.cache.is_dir()
+
+
+class Killed(Exception):
+    """Stands for the process dying: nothing of the run's exit path runs."""
+
+
+class KillAt(Reporter):
+    def __init__(self, step: int) -> None:
+        self.at = step
+
+    def step(self, log, result, total):
+        if log.step == self.at:
+            raise Killed
+
+
+def test_resume_after_a_kill_gives_the_same_weights(workspace, whole_run):
+    ws, whole = workspace, whole_run
+    with pytest.raises(Killed):
+        distill(options(ws, "killed", steps=6, checkpoint_steps=2), KillAt(5))  # last checkpoint: step 4
+    with pytest.raises(DistillError, match="interrupted run .* --resume"):
+        distill(options(ws, "killed", steps=6, checkpoint_steps=2))
+    with pytest.raises(DistillError, match="differs in train.seed"):
+        distill(replace(options(ws, "killed", steps=6, checkpoint_steps=2, seed=1), resume=True))
+    resumed = distill(replace(options(ws, "killed", steps=6, checkpoint_steps=2), resume=True))
+    assert resumed.training.resumed_at == 4 and resumed.teacher.computed == 0
+    assert [h.loss for h in resumed.training.history] == [h.loss for h in whole.training.history]
+    a, b = whole.student.state_dict(), resumed.student.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the weights did move: a resumed run that skipped its steps would still hold the initial layers
+    first = random_target().model.decoder.layers[0].fc1.weight
+    assert not torch.equal(first, resumed.student.model.decoder.layers[0].fc1.weight)
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    code = cli.main([*argv, "--device", "cpu", "--quiet"])
+    return code, capsys.readouterr().err
+
+
+def test_bad_input_gets_one_clear_line(workspace, cli_run, capsys, monkeypatch):
+    ws = workspace
+    junk = ws / "junk"
+    junk.mkdir()
+    (junk / "notes.txt").write_text("no audio here")
+    (junk / "broken.wav").write_bytes(b"RIFF not really a wav file")
+    common = ["--target", str(ws / "target"), "--cache", str(ws / "cache")]
+    code, err = run_cli(capsys, *common, "--audio", str(junk), "--out", str(ws / "o1"))
+    assert code == 2 and "no usable training audio" in err and "broken.wav" in err and len(err.splitlines()) == 1
+
+    bare = ws / "no-tokenizer"
+    shutil.copytree(ws / "target", bare, ignore=shutil.ignore_patterns("tokenizer*", "vocab*"))
+    code, err = run_cli(capsys, "--target", str(bare), "--audio", str(ws / "train"), "--out", str(ws / "o2"))
+    assert code == 2 and "has no tokenizer" in err and len(err.splitlines()) == 1
+
+    code, err = run_cli(capsys, *common, "--audio", str(ws / "train"), "--out", str(ws / "o3"), "--resume")
+    assert code == 2 and "nothing to resume" in err
+    code, err = run_cli(capsys, *common, "--audio", str(ws / "train"), "--out", str(cli_run[1]))
+    assert code == 2 and "already holds a finished draft" in err
+
+    blocked = ws / "a-file"
+    blocked.write_text("")
+    code, err = run_cli(capsys, "--target", str(ws / "target"), "--cache", str(blocked / "cache"),
+                        "--audio", str(ws / "train"), "--out", str(ws / "o4"))
+    assert code == 2 and f"cannot write the teacher cache in {blocked}" in err and len(err.splitlines()) == 1
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("asr_app.distill.cache.save_file", full_disk)
+    code, err = run_cli(capsys, "--target", str(ws / "target"), "--cache", str(ws / "empty-cache"),
+                        "--audio", str(ws / "train"), "--out", str(ws / "o5"), "--max-new-tokens", "4")
+    assert code == 2 and "No space left on device" in err and "--cache" in err
+    assert not list((ws / "empty-cache").rglob("*.safetensors")) and not list((ws / "empty-cache").rglob(".tmp*"))
+
+
+def test_kl_with_a_rest_bucket_is_the_kl_over_k_plus_one_outcomes():
+    torch.manual_seed(0)
+    teacher = torch.log_softmax(torch.randn(3, 10), -1)
+    student = torch.log_softmax(torch.randn(3, 8), -1)   # the student's head: ids 0..7 of 10
+    top = teacher.topk(4, -1)
+    to_head = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, -1, -1])
+    got = kl_top_k(student, to_head[top.indices], top.values)
+    for row in range(3):
+        ids = [int(i) for i in top.indices[row] if int(i) < 8]
+        p = teacher[row, ids].exp()
+        q = student[row, ids].exp()
+        p_rest, q_rest = 1 - p.sum(), 1 - q.sum()
+        want = (p * (p / q).log()).sum() + p_rest * (p_rest / q_rest).log()
+        assert torch.allclose(got[row], want, atol=1e-5)
+    same = kl_top_k(teacher, top.indices, top.values)  # a student that is the teacher (the whole vocabulary)
+    assert torch.allclose(same, torch.zeros(3), atol=1e-6) and (got > 1e-3).all()
+
+
+def test_runtime_head_default_is_the_decoders():
+    from asr_app.decoding.options import DEFAULT_DRAFT_VOCAB
+
+    assert RUNTIME_DRAFT_VOCAB == DEFAULT_DRAFT_VOCAB
