@@ -10,10 +10,10 @@ that each replay refills. Three modes:
 - `cuda`: capture it in a CUDA graph on first use of a key (after two warm-up calls on a side stream,
   which also compile the Triton kernels), then per call copy the inputs into the graph's own tensors,
   fill the position, replay. The outputs are the graph's tensors: valid until the next call of the key.
-- `emulate`: the same static-input, static-output discipline without a GPU, with every device-to-host
-  read made to raise while the function runs. Tests use it to prove on a CPU that a step is capture-safe
-  (a host read inside a captured region fails capture or bakes in one value) and that the loop treats
-  outputs as overwritten by the next call.
+- `emulate`: the same static-input, static-output discipline without a GPU, with every host
+  synchronisation a capture cannot hold made to raise while the function runs (`no_host_reads`). Tests
+  use it to prove on a CPU that a step is capture-safe (a host read inside a captured region fails capture
+  or bakes in one value) and that the loop treats outputs as overwritten by the next call.
 
 Capturing is idempotent here: a warm-up call writes the same cache slots with the same values as the
 replay that follows, because the inputs are already loaded.
@@ -26,35 +26,95 @@ from collections.abc import Callable, Iterator
 from typing import Literal
 
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from asr_app.runtime.ops import visible_keys
 
 GraphMode = Literal["eager", "cuda", "emulate"]
 StepFn = Callable[..., dict[str, torch.Tensor]]
-_HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 
 
 class HostReadError(RuntimeError):
     """A device value was read on the host inside a step that must be capturable."""
 
 
+# What a CUDA graph cannot hold, checked at two levels because a CPU hides half of it. Python-level calls
+# (a TorchFunctionMode): reads whose C++ path never reaches the dispatcher on a CPU tensor (`tolist`,
+# `numpy`, `cpu`/`to` of a tensor already there), boolean-mask indexing (named before it decomposes), and
+# host data turned into a tensor (its value would be baked in). `to` naming any device counts: here host and
+# device are one, and a captured step's tensors are already where it runs, so it has nothing to move. Operator level (a TorchDispatchMode): every
+# ATen operator PyTorch itself tags as reading a value into the host (`data_dependent_output`: `item`,
+# `bool()`, `equal`, `allclose`) or as sizing its output by the data (`dynamic_output_shape`: `nonzero`,
+# `masked_select`, `unique`, `bincount`, `repeat_interleave` by a tensor...), so one called from inside a
+# composite function is caught too. Integer indexing (`index.Tensor` with integer indices) has a static shape.
+_HOST_READ_METHODS = {"item", "tolist", "numpy", "cpu", "cuda", "__bool__", "__int__", "__float__", "__index__",
+                      "__complex__", "__array__"}
+_INDEXING_METHODS = {"__getitem__", "__setitem__"}
+_HOST_DATA_FUNCTIONS = {torch.tensor, torch.as_tensor, torch.from_numpy}
+_BOOL_INDEXED_OPS = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default,
+                     torch.ops.aten._index_put_impl_.default}
+_CHECKED_COMPOSITES: set = set()  # composite operators whose parts passed _HostOpCheck once
+
+
+def _refuse(what: str) -> HostReadError:
+    return HostReadError(f"{what} inside a captured step: a CUDA graph cannot hold a host synchronisation "
+                         "(the capture fails, or one step's value is baked into every replay)")
+
+
+def _has_bool_index(index) -> bool:
+    items = index if isinstance(index, (tuple, list)) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in items)
+
+
+def _names_a_device(args, kwargs) -> bool:
+    return "device" in kwargs or any(isinstance(a, (str, torch.device)) for a in args)
+
+
+class _HostCallCheck(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in _HOST_READ_METHODS:
+            raise _refuse(f"Tensor.{name}()")
+        if name == "to" and _names_a_device(args[1:], kwargs):
+            raise _refuse("Tensor.to(<device>)")
+        if name in _INDEXING_METHODS and len(args) > 1 and _has_bool_index(args[1]):
+            raise _refuse(f"boolean-mask indexing (Tensor.{name})")
+        if func in _HOST_DATA_FUNCTIONS and not (args and isinstance(args[0], torch.Tensor)):
+            raise _refuse(f"torch.{name}() of host data")
+        return func(*args, **kwargs)
+
+
+class _HostOpCheck(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _BOOL_INDEXED_OPS:
+            if _has_bool_index(args[1]):
+                raise _refuse(f"{func} with a boolean mask")
+        elif torch.Tag.data_dependent_output in func.tags:
+            raise _refuse(f"{func} (it reads a value on the host)")
+        elif torch.Tag.dynamic_output_shape in func.tags:
+            raise _refuse(f"{func} (the data sizes its output)")
+        elif func not in _CHECKED_COMPOSITES and torch._C._dispatch_has_kernel_for_dispatch_key(
+                func.name(), "CompositeImplicitAutograd"):
+            # Under inference_mode a composite operator (`where(condition)`, `repeat_interleave(tensor)`) comes
+            # here whole: the first call checks the operators it is made of (which its overload fixes), and
+            # once they passed it runs as it is (decomposing every call made emulated decoding 10x slower).
+            with self:
+                out = func.decompose(*args, **kwargs)
+            _CHECKED_COMPOSITES.add(func)
+            return out
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def no_host_reads() -> Iterator[None]:
-    """Make every Tensor -> host read raise while the block runs (the capture-safety check)."""
-    saved = {name: getattr(torch.Tensor, name) for name in _HOST_READS}
-
-    def refuse(name: str):
-        def read(self, *args, **kwargs):
-            raise HostReadError(f"Tensor.{name}() inside a captured step: the value would be read on the host")
-        return read
-
-    for name in _HOST_READS:
-        setattr(torch.Tensor, name, refuse(name))
-    try:
+    """Make every host synchronisation a CUDA graph cannot hold raise HostReadError while the block runs (the
+    capture-safety check). Both checks are modes, which PyTorch keeps per thread: other threads (the web
+    app's other sessions) run unchecked."""
+    with _HostCallCheck(), _HostOpCheck():
         yield
-    finally:
-        for name, fn in saved.items():
-            setattr(torch.Tensor, name, fn)
 
 
 class _Captured:
