@@ -10,7 +10,8 @@ How the worker picks a batch (docs/serving.md):
 - fairness: one request per session per round; a session's further requests wait until every other
   session with work has had one;
 - compatibility: rows of one batch share their decoding options (mode, temperature, language, task,
-  timestamps, word timing); the rest wait for a later batch;
+  timestamps, word timing), the length of their prompts (the decoder's caches have one length) and
+  whether they carry a hint; the rest wait for a later batch;
 - size: the number of rows whose measured time per row is lowest on this device (`BatchSizer`); a size is
   tried only while the sizes below it kept paying, so a batch is never kept larger than its measured
   break-even. On a 2-core CPU this settles on small batches (the encoder over a 30 s window dominates);
@@ -60,17 +61,20 @@ class SchedulerOptions:
 class BatchSizer:
     """Chooses how many rows to decode together from the time per row it has measured per batch size.
 
-    Sizes are powers of two up to `max_rows`. A size that was never measured is tried only when every
-    measured smaller size cost less per row than one row at a time did (batching still paid off below
-    it); otherwise the measured size with the lowest time per row wins. So a device where batching does
-    not pay (a CPU, for short re-decodes) settles on one row, never on a slower larger batch.
+    Sizes are powers of two up to `max_rows`. A size that was never measured is tried only when half of
+    it was measured clearly cheaper per row than every smaller size (batching still paid off below it);
+    otherwise the measured size with the lowest time per row wins, a larger one only when it is
+    `margin` cheaper per row than the best smaller one (every row of a batch waits for the whole batch).
+    So a device where batching does not pay (a CPU, for short re-decodes) settles on one row, never on a
+    slower larger batch.
     """
 
-    def __init__(self, max_rows: int, memory: float = 0.2) -> None:
+    def __init__(self, max_rows: int, memory: float = 0.2, margin: float = 0.1) -> None:
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.sizes = [s for s in (1 << k for k in range(12)) if s <= max_rows]
         self.memory = memory
+        self.margin = margin
         self.cost: dict[int, float] = {}   # batch size -> running seconds per row
 
     def choose(self, ready: int) -> int:
@@ -78,12 +82,19 @@ class BatchSizer:
         usable = [s for s in self.sizes if s <= max(1, ready)]
         for size in usable:
             if size not in self.cost:
-                half = size // 2
-                if size == 1 or (half in self.cost and self.cost[half] <= self.cost.get(1, float("inf"))):
-                    return size   # batching has paid up to half this size: measure this one
+                if size == 1 or self._paid(size // 2):
+                    return size   # batching paid up to half this size: measure this one
                 break
-        measured = [s for s in usable if s in self.cost]
-        return min(measured, key=self.cost.__getitem__) if measured else 1
+        best = 1
+        for size in usable:   # a larger batch must beat the best smaller one clearly: its rows wait longer
+            if size in self.cost and self.cost[size] < self.cost.get(best, float("inf")) * (1 - self.margin):
+                best = size
+        return best
+
+    def _paid(self, size: int) -> bool:
+        """Whether `size` was measured clearly cheaper per row than every smaller size."""
+        return size in self.cost and all(self.cost[size] < cost * (1 - self.margin)
+                                         for smaller, cost in self.cost.items() if smaller < size)
 
     def record(self, rows: int, seconds: float) -> None:
         size = max(s for s in self.sizes if s <= rows) if rows >= 1 else 1
@@ -95,7 +106,7 @@ class BatchSizer:
         return dict(sorted(self.cost.items()))
 
 
-@dataclass
+@dataclass(eq=False)   # compared by identity: a request holds arrays
 class _Request:
     clip: np.ndarray
     options: DecodingOptions
@@ -104,6 +115,7 @@ class _Request:
     priority: int
     session: str
     future: Future
+    key: Any = None                 # rows with equal keys can share a lock-step batch
     submitted: float = field(default_factory=time.monotonic)
     order: int = 0
 
@@ -158,15 +170,22 @@ class Scheduler:
                hint: Sequence[int] | None = None, *, priority: int = FILE, session: str = "") -> Future:
         """Queue one clip (16 kHz mono float32, at most 30 s); the future holds its DecodingResult."""
         future: Future = Future()
+        key = (options, hint is not None, self._rows_key(options, prompt))
         with self._cond:
             if self._closed:
                 raise SchedulerClosed("the decoder is shutting down")
             if len(self._queue) >= self.options.max_queue:
                 raise SchedulerBusy(f"the decoder has {len(self._queue)} requests waiting; try again shortly")
-            self._queue.append(_Request(clip, options, prompt, hint, priority, session, future,
+            self._queue.append(_Request(clip, options, prompt, hint, priority, session, future, key,
                                         order=next(self._order)))
             self._cond.notify_all()
         return future
+
+    def _rows_key(self, options: DecodingOptions, prompt: Any) -> Any:
+        """What else rows must share to run in one lock-step batch: the decoder's say (prompts of one length;
+        rows that differ are decoded one group after the other, which only delays the first group)."""
+        batch_key = getattr(self.decoder, "batch_key", None)
+        return batch_key(options, prompt) if batch_key is not None else None
 
     def client(self, options: DecodingOptions | None = None, *, priority: int = FILE, session: str = "",
                timeout_s: float | None = None) -> ScheduledDecoder:
@@ -216,12 +235,19 @@ class Scheduler:
     # -- the worker ----------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._closed or (self._queue and not self._held))
-                if self._closed:
-                    return
-                batch = self._take_batch()
-            self._decode(batch)
+            batch: list[_Request] = []
+            try:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._closed or (self._queue and not self._held))
+                    if self._closed:
+                        return
+                    batch = self._take_batch()
+                self._decode(batch)
+            except Exception as exc:  # noqa: BLE001 - the worker must outlive any one batch
+                log.exception("scheduler: a batch failed outside the decoder")
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(exc)
 
     def _take_batch(self) -> list[_Request]:
         """Called under the lock: the next batch, removed from the queue (see the module doc)."""
@@ -233,7 +259,7 @@ class Scheduler:
         head = ordered[0]
         compatible, sessions = [], set()
         for request in ordered:
-            if request.options != head.options or request.priority != head.priority:
+            if request.key != head.key or request.priority != head.priority:
                 continue
             if request.session in sessions and request.session:
                 continue   # one row per session per batch: the others get theirs first

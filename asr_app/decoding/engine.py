@@ -134,6 +134,15 @@ class SpeculativeDecoder:
                              f"{tuple(features.shape)}")
         return self._decode(features, options, prompts, [WINDOW_SECONDS] * features.shape[0], hints)
 
+    def batch_key(self, options: DecodingOptions | None, prompt: str | Sequence[int] | None) -> tuple[int, int]:
+        """Rows whose keys (and options) are equal decode in one lock-step batch: their prompts have one length
+        and the same start position. A scheduler groups requests by it (asr_app/scheduler.py)."""
+        opts = options or self.options
+        built = build_prompt(self.generation_config, self.tokenizer, language=opts.language, task=opts.task,
+                             timestamps=opts.timestamps, previous_text=prompt,
+                             max_target_positions=self.max_positions)
+        return len(built.tokens), built.sot_index
+
     # ------------------------------------------------------------------ batching
     def _decode(self, feats, options, prompts, windows, hints=None) -> list[DecodingResult]:
         opts = options or self.options

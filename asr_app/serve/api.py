@@ -86,6 +86,9 @@ def build_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
         try:
             path = await spool(file, folder, engine)
             await run_in_threadpool(_checked_duration, engine, path)
+        except LimitExceeded as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise refusal_for(exc) from None
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
@@ -93,6 +96,11 @@ def build_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
             return StreamingResponse(stream_events(engine, req, path, folder), media_type="text/event-stream")
         try:
             transcript = await run_in_threadpool(run_transcription, engine, req, path, None, None)
+        except Exception as exc:  # noqa: BLE001 - every failure is an answer, never a traceback
+            refusal = refusal_for(exc)
+            log.log(logging.ERROR if refusal.status >= 500 else logging.INFO, "transcription refused: %s",
+                    refusal.message, exc_info=refusal.status >= 500)
+            raise refusal from None
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         return render(req, transcript)

@@ -1,0 +1,262 @@
+"""Serving benchmark: N live streams at real-time pace over the WebSocket of a real `asr-serve` app, the
+scheduler against the old one-lock engine in the same run, plus concurrent API requests.
+
+Streams: each of N clients plays a different real clip as 0.5 s PCM16 frames at real-time pace (frame k
+is sent once its audio has "been spoken", at t0 + (k + 1) * 0.5 s), then sends stop. For every committed
+word, latency = arrival of the commit event - (t0 + the word's end in the audio); p50/p90/max over all
+words of all streams. Each clip is also streamed alone (N = 1) per engine, and every stream's WER (against
+the clip's human transcript) is compared with its alone run.
+
+Engines: `scheduler` (asr_app.scheduler, what asr-serve runs) and `lock` (the engine before it: every
+session's decode calls the one SpeculativeDecoder under one global lock, as ui/engine.py did).
+
+API: --api-requests clips sent at once to /v1/audio/transcriptions (scheduler engine), wall time against
+the same clips sent one at a time, and the texts compared with asr-transcribe's (longform.transcribe).
+
+    python bench/serve_bench.py --streams 1,2,4,8 --threads 2 --api-requests 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+SHARED = Path(os.environ.get("ASR_SHARED_DIR", REPO.parent / "shared"))
+CHUNK_S = 0.5
+
+
+def clip_pool(count: int) -> list[tuple[Path, str]]:
+    """Real clips with human transcripts: LJSpeech (metadata.csv) and LibriSpeech test-clean."""
+    lj = SHARED / "audio" / "ljspeech"
+    texts = dict(line.split("|", 1)[0:2] for line in (lj / "metadata.csv").read_text().splitlines() if "|" in line)
+    pool = []
+    for trans in sorted((SHARED / "audio" / "librispeech").rglob("*.trans.txt")):
+        for line in trans.read_text().splitlines():
+            key, text = line.split(" ", 1)
+            pool.append((trans.parent / f"{key}.flac", text))
+    pool += [(lj / "wavs" / f"{k}.wav", v.split("|")[-1]) for k, v in sorted(texts.items())
+             if (lj / "wavs" / f"{k}.wav").exists() and sf.info(str(lj / "wavs" / f"{k}.wav")).duration > 4]
+    return pool[:count]
+
+
+class LockScheduler:
+    """The engine before the scheduler: each caller decodes directly, under one lock for everyone."""
+
+    def __init__(self, decoder) -> None:
+        from asr_app.scheduler import SchedulerMetrics
+        self.decoder, self.lock, self._metrics = decoder, threading.Lock(), SchedulerMetrics
+
+    @property
+    def pair(self):
+        return self.decoder.pair
+
+    def client(self, options=None, *, priority=1, session="", timeout_s=None):
+        return LockedDecoder(self, options or self.decoder.options)
+
+    def metrics(self):
+        return self._metrics()
+
+    def close(self, timeout=None) -> None:
+        pass
+
+
+class LockedDecoder:
+    def __init__(self, owner: LockScheduler, options) -> None:
+        self.owner, self._options, self.usage = owner, options, None
+
+    pair = property(lambda self: self.owner.pair)
+    options = property(lambda self: self._options)
+
+    def decode(self, audio, options=None, prompts=None, hints=None):
+        from asr_app.decoding.options import DecodingStats
+        with self.owner.lock:
+            results = self.owner.decoder.decode(audio, options or self._options, prompts, hints)
+        self.usage = DecodingStats.total(([self.usage] if self.usage else []) + [r.stats for r in results])
+        return results
+
+
+def start_server(engine) -> tuple[str, object]:
+    import uvicorn
+
+    from asr_app.serve.app import build_app
+    from asr_app.serve.security import AccessSettings
+    app = build_app(engine, AccessSettings(), mount_ui=False)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", ws_max_size=1 << 22)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return f"127.0.0.1:{port}", server
+
+
+async def one_stream(host: str, pcm: np.ndarray) -> dict:
+    from websockets.asyncio.client import connect
+    step = int(16_000 * CHUNK_S)
+    words, text = [], ""
+    async with connect(f"ws://{host}/v1/live?sample_rate=16000&mode=exact") as ws:
+        ready = json.loads(await ws.recv())
+        assert ready["kind"] == "ready", ready
+        t0 = time.monotonic()
+
+        async def send() -> None:
+            for k, i in enumerate(range(0, len(pcm), step)):
+                await asyncio.sleep(max(0.0, t0 + (k + 1) * CHUNK_S - time.monotonic()))
+                await ws.send(pcm[i:i + step].tobytes())
+            await ws.send(json.dumps({"type": "stop"}))
+
+        sender = asyncio.create_task(send())
+        async for message in ws:
+            event, now = json.loads(message), time.monotonic()
+            if event["kind"] == "commit":
+                words += [now - (t0 + w["end"]) for w in event["words"]]
+            elif event["kind"] == "done":
+                text = event["text"]
+        await sender
+    return {"latencies": words, "text": text}
+
+
+def run_streams(host: str, clips: list[tuple[np.ndarray, str]]) -> list[dict]:
+    async def everyone():
+        return await asyncio.gather(*(one_stream(host, pcm) for pcm, _ in clips))
+    return asyncio.run(everyone())
+
+
+def summarise(results: list[dict], references: list[str], alone_wer: list[float] | None) -> dict:
+    from asr_app.wer import word_error_rate
+    lat = sorted(x for r in results for x in r["latencies"])
+    wers = [word_error_rate(ref, r["text"]) for r, ref in zip(results, references)]
+    out = {"words": len(lat), "p50_s": _q(lat, 0.5), "p90_s": _q(lat, 0.9), "max_s": lat[-1] if lat else None,
+           "wer": wers}
+    if alone_wer is not None:
+        out["wer_minus_alone_max"] = max(w - a for w, a in zip(wers, alone_wer))
+    return out
+
+
+def _q(values: list[float], q: float) -> float | None:
+    return values[min(len(values) - 1, int(q * len(values)))] if values else None
+
+
+def load_clips(count: int) -> list[tuple[np.ndarray, str]]:
+    out = []
+    for path, text in clip_pool(count):
+        audio, rate = sf.read(str(path), dtype="float32")
+        audio = audio.mean(axis=1) if audio.ndim == 2 else audio
+        audio = soxr.resample(audio, rate, 16_000) if rate != 16_000 else audio
+        out.append(((np.clip(audio, -1, 1) * 32767).astype("<i2"), text))
+    return out
+
+
+def bench_streams(decoder, streaming, counts: list[int]) -> dict:
+    from asr_app.ui.engine import UiEngine
+    clips = load_clips(max(counts))
+    report: dict = {"clips_s": [round(len(p) / 16_000, 2) for p, _ in clips]}
+    for name in ("lock", "scheduler"):
+        from asr_app.scheduler import Scheduler
+        scheduler = LockScheduler(decoder) if name == "lock" else Scheduler(decoder)
+        engine = UiEngine.from_decoder(decoder, streaming).sharing(scheduler=scheduler)
+        host, server = start_server(engine)
+        alone = [run_streams(host, [clip])[0] for clip in clips]
+        from asr_app.wer import word_error_rate
+        alone_wer = [word_error_rate(text, r["text"]) for r, (_, text) in zip(alone, clips)]
+        rows = {}
+        for n in counts:
+            results = run_streams(host, clips[:n])
+            rows[n] = summarise(results, [t for _, t in clips[:n]], alone_wer[:n])
+            print(f"{name:9s} N={n}: p50 {rows[n]['p50_s']:.2f} s, p90 {rows[n]['p90_s']:.2f} s, "
+                  f"max {rows[n]['max_s']:.2f} s, WER-alone max {rows[n]['wer_minus_alone_max']:+.3f}", flush=True)
+        report[name] = {"alone_wer": alone_wer, "streams": rows}
+        server.should_exit = True
+        scheduler.close()
+    return report
+
+
+def bench_api(decoder, count: int) -> dict:
+    import openai
+
+    from asr_app.longform import transcribe
+    from asr_app.scheduler import Scheduler
+    from asr_app.ui.engine import UiEngine
+    paths = [p for p, _ in clip_pool(count)]
+    engine = UiEngine.from_decoder(decoder).sharing(scheduler=Scheduler(decoder))
+    host, server = start_server(engine)
+    api = openai.OpenAI(base_url=f"http://{host}/v1", api_key="none", max_retries=0, timeout=600)
+
+    def send(path: Path) -> str:
+        with open(path, "rb") as f:
+            return api.audio.transcriptions.create(model="whisper-1", file=f).text
+
+    send(paths[0])  # warm-up
+    started = time.perf_counter()
+    sequential = [send(p) for p in paths]
+    sequential_s = time.perf_counter() - started
+    before = engine.scheduler.metrics()
+    started = time.perf_counter()
+    with ThreadPoolExecutor(len(paths)) as pool:
+        together = list(pool.map(send, paths))
+    concurrent_s = time.perf_counter() - started
+    after = engine.scheduler.metrics()
+    offline = [transcribe(decoder, str(p)).text for p in paths]
+    server.should_exit = True
+    engine.scheduler.close()
+    batches = {k: after.rows_per_batch.get(k, 0) - before.rows_per_batch.get(k, 0) for k in after.rows_per_batch}
+    row = {"requests": len(paths), "sequential_s": sequential_s, "concurrent_s": concurrent_s,
+           "ratio": concurrent_s / sequential_s, "identical_to_transcribe": together == offline == sequential,
+           "batches_by_rows": batches, "sizer_s_per_row": after.sizer}
+    print(f"API x{len(paths)}: one at a time {sequential_s:.1f} s, together {concurrent_s:.1f} s "
+          f"({row['ratio']:.2f}x); identical to transcribe(): {row['identical_to_transcribe']}; batches {batches}")
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", default="1,2,4,8")
+    parser.add_argument("--api-requests", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=None, help="JSON report (default bench/results/<device>/<date>/serve_bench.json)")
+    args = parser.parse_args(argv)
+    import torch
+
+    from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+    from asr_app.models import load_pair
+    from asr_app.streaming import StreamingOptions
+    torch.set_num_threads(args.threads)
+    models = SHARED / "models"
+    pair = load_pair(target=str(models / "whisper-tiny.en"), draft=str(models / "distil-tiny.en-draft"), device="cpu")
+    decoder = SpeculativeDecoder(pair, DecodingOptions(mode="exact"))
+    counts = [int(n) for n in args.streams.split(",")]
+    report = {"command": " ".join(["python", "bench/serve_bench.py", *(argv or sys.argv[1:])]),
+              "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "cpu": _cpu(),
+              "streams": bench_streams(decoder, StreamingOptions(), counts)}
+    if args.api_requests:
+        report["api"] = bench_api(decoder, args.api_requests)
+    out = Path(args.out) if args.out else REPO / "bench" / "results" / "cpu" / report["date"] / "serve_bench.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1, default=float))
+    print(f"wrote {out}")
+    return 0
+
+
+def _cpu() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

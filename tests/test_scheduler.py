@@ -1,0 +1,141 @@
+"""The scheduler (asr_app/scheduler.py): batch sizes chosen from measured cost, live requests first, one row
+per session per round, rows batched only when they can run in lock-step, a failing row failing alone, and
+the texts identical to decoding each clip on its own (real tiny.en pair, real clips)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import soundfile as sf
+from conftest import JFK_FLAC, lj_clip
+
+from asr_app.audio import load_audio
+from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+from asr_app.scheduler import FILE, LIVE, BatchSizer, Scheduler, SchedulerBusy, SchedulerOptions
+
+CLIPS = ["LJ001-0002", "LJ001-0008", "LJ001-0004"]
+
+
+def test_sizer_grows_while_batching_pays_and_stops_where_it_does_not():
+    sizer = BatchSizer(max_rows=8)
+    assert sizer.choose(8) == 1          # nothing measured: one row first
+    sizer.record(1, 1.0)
+    assert sizer.choose(8) == 2          # then try two
+    sizer.record(2, 1.2)                 # 0.6 s per row: paid
+    assert sizer.choose(8) == 4
+    sizer.record(4, 4.0)                 # 1.0 s per row: worse than two
+    assert sizer.choose(8) == 2 and sizer.choose(1) == 1 and sizer.choose(3) == 2
+    assert sizer.choose(8) != 8          # never tried past a size that stopped paying
+
+
+def test_sizer_on_a_device_where_batching_is_slower_keeps_one_row():
+    sizer = BatchSizer(max_rows=16)
+    sizer.record(1, 0.2)
+    sizer.record(2, 0.5)                 # 0.25 s per row: slower than one at a time
+    assert [sizer.choose(n) for n in (1, 2, 5, 16)] == [1, 1, 1, 1]
+    sizer.record(2, 0.38)                # running cost 0.276: still not 10% better than 0.2
+    assert sizer.choose(16) == 1
+
+
+def test_sizer_needs_a_clear_gain_for_a_larger_batch():
+    sizer = BatchSizer(max_rows=4, margin=0.1)
+    sizer.record(1, 1.0)
+    sizer.record(2, 1.9)                 # 0.95 per row: only 5% cheaper, every row would wait longer
+    assert sizer.choose(4) == 1
+    with pytest.raises(ValueError):
+        BatchSizer(max_rows=0)
+
+
+class Recording:
+    """The real decoder, with the sessions of every batch it was handed written down."""
+
+    def __init__(self, decoder: SpeculativeDecoder) -> None:
+        self.decoder, self.batches = decoder, []
+        self.sessions: dict[int, str] = {}
+
+    pair = property(lambda self: self.decoder.pair)
+    options = property(lambda self: self.decoder.options)
+
+    def batch_key(self, options, prompt):
+        return self.decoder.batch_key(options, prompt)
+
+    def decode(self, clips, options=None, prompts=None, hints=None):
+        self.batches.append([self.sessions[id(c)] for c in clips])
+        return self.decoder.decode(clips, options, prompts=prompts, hints=hints)
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_en_pair, one_torch_thread) -> SpeculativeDecoder:
+    return SpeculativeDecoder(tiny_en_pair, DecodingOptions(mode="exact"))
+
+
+def _clip(clip_id: str) -> np.ndarray:
+    return load_audio(lj_clip(clip_id))
+
+
+def test_live_first_one_row_per_session_and_same_texts(decoder):
+    recording = Recording(decoder)
+    scheduler = Scheduler(recording, SchedulerOptions(max_rows=4))
+    options = DecodingOptions(mode="exact")
+    alone = {c: decoder.decode([_clip(c)], options)[0].text for c in CLIPS}
+    jobs = []
+    with scheduler.hold():   # queue everything first, so the order is the scheduler's choice
+        for session, priority, clip_id in [("file-a", FILE, CLIPS[0]), ("file-a", FILE, CLIPS[1]),
+                                           ("file-b", FILE, CLIPS[2]), ("live-1", LIVE, CLIPS[1]),
+                                           ("live-2", LIVE, CLIPS[2])]:
+            clip = _clip(clip_id)
+            recording.sessions[id(clip)] = session
+            jobs.append((clip_id, scheduler.submit(clip, options, priority=priority, session=session)))
+    texts = [(clip_id, future.result(120).text) for clip_id, future in jobs]
+    scheduler.close()
+    assert all(text == alone[clip_id] for clip_id, text in texts), texts
+    order = [s for batch in recording.batches for s in batch]
+    assert set(order[:2]) == {"live-1", "live-2"}           # live re-decodes before any file window
+    assert all(len(set(batch)) == len(batch) for batch in recording.batches)   # one row per session per batch
+    assert order.index("file-b") < len(order) - 1           # file-b's only window does not wait for file-a's second
+    assert sum(len(b) for b in recording.batches) == 5
+
+
+def test_a_bad_row_fails_alone_and_a_full_queue_says_busy(decoder):
+    scheduler = Scheduler(decoder, SchedulerOptions(max_rows=4, max_queue=3))
+    options = DecodingOptions(mode="exact")
+    good = _clip("LJ001-0002")
+    with scheduler.hold():
+        ok = scheduler.submit(good, options, session="a")
+        bad = scheduler.submit(np.full(8000, np.nan, np.float32), options, session="b")
+        ok2 = scheduler.submit(good, options, session="c")
+        with pytest.raises(SchedulerBusy):
+            scheduler.submit(good, options, session="d")
+    assert "NaN" in str(bad.exception(120))
+    assert ok.result(120).text == ok2.result(120).text == decoder.decode([good], options)[0].text
+    metrics = scheduler.metrics()
+    assert metrics.failed == 1 and metrics.rows == 3 and metrics.queue_depth == 0
+    scheduler.close()
+    with pytest.raises(RuntimeError, match="shutting down"):
+        scheduler.submit(good, options)
+
+
+def test_client_decoder_is_the_pipeline_interface_and_threads_share_it(decoder):
+    """Many threads through one scheduler (what the front ends do): every result is the one-at-a-time result,
+    and each client's usage adds up its own decodes only."""
+    from asr_app.longform import transcribe
+    scheduler = Scheduler(decoder)
+    expected = transcribe(decoder, str(JFK_FLAC)).text
+    clients = [scheduler.client(DecodingOptions(mode="exact"), session=f"s{i}", timeout_s=300) for i in range(3)]
+    results: dict[int, str] = {}
+
+    def work(i: int) -> None:
+        results[i] = transcribe(clients[i], str(JFK_FLAC)).text
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    scheduler.close()
+    assert [results[i] for i in range(3)] == [expected] * 3
+    windows = int(np.ceil(sf.info(str(JFK_FLAC)).duration / 30))
+    assert all(c.usage is not None and c.usage.windows >= windows for c in clients)
+    assert sum(c.usage.tokens_out for c in clients) == 3 * clients[0].usage.tokens_out
