@@ -127,6 +127,38 @@ def test_draft_loads_with_draft_dir_and_decodes_like_the_target(cli_run, workspa
         assert not any("embed" in k or "proj_out" in k for k in f.keys())
 
 
+def test_labels_are_the_targets_greedy_transcripts_with_one_encoder_pass(workspace):
+    from asr_app.distill.data import inventory
+    from asr_app.distill.teacher import Teacher
+
+    pair = load_pair(target=str(workspace / "target"), draft="none", device="cpu")
+    teacher = Teacher(pair, TeacherOptions(max_new_tokens=MAX_TOKENS, top_k=5))
+    calls = []
+    real = teacher.encoder.encoder
+    teacher.encoder.encoder = lambda feats: calls.append(feats.shape[0]) or real(feats)
+    clips = inventory([workspace / "held"]).clips
+    audio = [load_audio(c.path) for c in clips]
+    records = teacher.label(clips, audio)
+    assert calls == [2]  # once for both clips and both variants
+    plain = SpeculativeDecoder(pair)
+    for stamps in (False, True):
+        want = [r.tokens for r in plain.decode(audio, DecodingOptions(mode="off", timestamps=stamps,
+                                                                       max_new_tokens=MAX_TOKENS))]
+        labels = [next(lab for lab in rec.labels if lab.variant.timestamps == stamps) for rec in records]
+        assert [lab.tokens[lab.prompt_len :][: len(w)] for lab, w in zip(labels, want)] == want
+        assert all(lab.topk_ids.shape == (lab.predicted, 5) for lab in labels)
+    # the top-k along a label is the target's raw distribution, as transformers' own modules compute it
+    features = pair.processor.feature_extractor(audio[0], sampling_rate=16_000, return_tensors="pt").input_features
+    label = records[0].labels[0]
+    with torch.no_grad():
+        logits = pair.target(features, decoder_input_ids=torch.tensor([label.tokens[:-1]])).logits[0]
+    logp = torch.log_softmax(logits[label.prompt_len - 1 :], -1)
+    assert torch.allclose(logp.gather(-1, label.topk_ids.long()), label.topk_logp, atol=1e-4)
+    assert (label.topk_logp[:, -1] >= logp.topk(5, -1).values[:, -1] - 1e-4).all()  # they are the top 5
+    assert torch.allclose(records[0].encoder.float(), pair.target.model.encoder(features).last_hidden_state[0],
+                          atol=1e-2)
+
+
 @pytest.fixture(scope="module")
 def whole_run(workspace, cli_run):
     """An uninterrupted run after the CLI's, on the same clips and cache."""

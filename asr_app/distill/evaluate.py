@@ -68,11 +68,23 @@ def teacher_forced(student, examples: Sequence[LabelInfo], load: Callable, head:
     return TeacherForced(positions, agreed / n, kl / n, ce / n)
 
 
-def _decode_all(decoder: SpeculativeDecoder, clips: Sequence[np.ndarray], options: DecodingOptions):
-    """Each clip alone (batch 1, as a user's file is decoded); (results, wall seconds)."""
-    began = time.perf_counter()
-    results = [decoder.decode(clip, options)[0] for clip in clips]
-    return results, time.perf_counter() - began
+def _decode_all(decoder: SpeculativeDecoder, clips: Sequence[np.ndarray], options: DecodingOptions) -> list:
+    """Each clip alone (batch 1, as a user's file is decoded)."""
+    return [decoder.decode(clip, options)[0] for clip in clips]
+
+
+def _timed_pairs(decoder: SpeculativeDecoder, clips: Sequence[np.ndarray], first: DecodingOptions,
+                 second: DecodingOptions) -> tuple[list, list, float, float]:
+    """Both option sets clip by clip, alternating, so that a machine whose load changes during the run
+    slows both alike; (first's results, second's, first's seconds, second's)."""
+    results: tuple[list, list] = ([], [])
+    seconds = [0.0, 0.0]
+    for clip in clips:
+        for i, options in enumerate((first, second)):
+            began = time.perf_counter()
+            results[i].append(decoder.decode(clip, options)[0])
+            seconds[i] += time.perf_counter() - began
+    return results[0], results[1], seconds[0], seconds[1]
 
 
 def in_decoder(pair: ModelPair, draft, clips: Sequence[np.ndarray], names: Sequence[str], options: EvalOptions,
@@ -88,12 +100,11 @@ def in_decoder(pair: ModelPair, draft, clips: Sequence[np.ndarray], names: Seque
                            max_new_tokens=max_new_tokens)
     exact = dataclasses.replace(base, mode="exact")
     decoder.decode(clips[0], base), decoder.decode(clips[0], exact)  # warm-up: first-use costs are not timed
-    off, off_s = _decode_all(decoder, clips, base)
-    auto, exact_s = _decode_all(decoder, clips, exact)
+    off, auto, off_s, exact_s = _timed_pairs(decoder, clips, base, exact)
     mismatched = [name for name, a, b in zip(names, off, auto) if a.tokens != b.tokens]
     tokens, acceptance = {}, {}
     for gamma in options.gammas:
-        results, _ = _decode_all(decoder, clips, dataclasses.replace(exact, gamma=gamma))
+        results = _decode_all(decoder, clips, dataclasses.replace(exact, gamma=gamma))
         stats = DecodingStats.total([r.stats for r in results])
         tokens[gamma] = stats.tokens_out / max(stats.target_calls, 1)
         acceptance[gamma] = stats.acceptance_rate

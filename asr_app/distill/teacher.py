@@ -76,6 +76,37 @@ def clip_variants(clip: Clip, options: TeacherOptions) -> tuple[Variant, ...]:
     return tuple(v for v in variants if v.timestamps == stamped)
 
 
+class KnownEncoder:
+    """The decoder's encoder, answering from the outputs already computed for this batch's features.
+
+    A clip is decoded once per variant, and each decode runs the encoder (half of a short clip's decoding
+    time); its output for the cache is computed once, so each decode looks its rows up here instead (by
+    equal features). Rows it does not know go to the real encoder."""
+
+    def __init__(self, encoder) -> None:
+        self.encoder = encoder
+        self.features: torch.Tensor | None = None
+        self.hidden: torch.Tensor | None = None
+
+    def __getattr__(self, name: str):
+        return getattr(self.encoder, name)
+
+    def remember(self, features: torch.Tensor) -> torch.Tensor:
+        self.features, self.hidden = features, self.encoder(features)
+        return self.hidden
+
+    def __call__(self, features: torch.Tensor) -> torch.Tensor:
+        if self.features is None:
+            return self.encoder(features)
+        rows = []
+        for row in features:
+            match = next((i for i, known in enumerate(self.features) if torch.equal(known, row)), None)
+            if match is None:
+                return self.encoder(features)
+            rows.append(match)
+        return self.hidden[rows]
+
+
 class Teacher:
     def __init__(self, pair, options: TeacherOptions) -> None:
         self.pair = pair
@@ -83,6 +114,7 @@ class Teacher:
         self.target = pair.target
         # Target-only decoding: no draft, whole-vocabulary head; the labels are the target's greedy output.
         self.decoder = SpeculativeDecoder(pair, DecodingOptions(mode="off"), RuntimeOptions(draft_vocab=None))
+        self.encoder = self.decoder.target_encoder = KnownEncoder(self.decoder.target_encoder)
         gc = self.target.generation_config
         self.multilingual = bool(getattr(gc, "is_multilingual", False))
         self.eos = eos_token(gc)
@@ -91,8 +123,9 @@ class Teacher:
     def label(self, clips: Sequence[Clip], audio: Sequence[np.ndarray]) -> list[Record]:
         feats = self.decoder.feature_extractor([np.asarray(a, dtype=np.float32) for a in audio],
                                                sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
-        hidden = self.decoder.target_encoder(feats.to(device=self.pair.device, dtype=self.pair.dtype))
-        outputs = self._transcribe(clips, audio)
+        feats = feats.to(device=self.pair.device, dtype=self.pair.dtype)
+        hidden = self.encoder.remember(feats)
+        outputs = self._transcribe(clips, feats)
         records = []
         for row, clip in enumerate(clips):
             language, decoded = outputs[row]
@@ -102,12 +135,13 @@ class Teacher:
             records.append(Record(hidden[row].to("cpu", torch.float16).contiguous(), clip.seconds, language, labels))
         return records
 
-    def _decode(self, audio: list[np.ndarray], variant: Variant, language: str | None):
+    def _decode(self, feats: torch.Tensor, variant: Variant, language: str | None):
+        """Greedy tokens of whole-window features (the window's length only shapes segments, not tokens)."""
         opts = DecodingOptions(mode="off", language=language, task=variant.task, timestamps=variant.timestamps,
                                max_new_tokens=self.options.max_new_tokens)
-        return self.decoder.decode(audio, opts)
+        return self.decoder.decode_features(feats, opts)
 
-    def _transcribe(self, clips: Sequence[Clip], audio: Sequence[np.ndarray]):
+    def _transcribe(self, clips: Sequence[Clip], feats: torch.Tensor):
         """Per clip: (language, [(variant, output tokens)]). Each clip's first variant is decoded with the
         language given (None: detected by the target), the others in the language found then."""
         plans = [clip_variants(c, self.options) for c in clips]
@@ -117,14 +151,14 @@ class Teacher:
         firsts = sorted({p[0] for p in plans}, key=lambda v: (v.task, v.timestamps))
         for variant in firsts:
             rows = [i for i, p in enumerate(plans) if p[0] == variant]
-            for i, result in zip(rows, self._decode([audio[i] for i in rows], variant, given)):
+            for i, result in zip(rows, self._decode(feats[rows], variant, given)):
                 languages[i] = result.language or given
                 decoded[i].append((variant, result.tokens))
         later = sorted({(v, languages[i]) for i, p in enumerate(plans) for v in p[1:]},
                        key=lambda k: (k[0].task, k[0].timestamps, k[1] or ""))
         for variant, language in later:
             rows = [i for i, p in enumerate(plans) if variant in p[1:] and languages[i] == language]
-            for i, result in zip(rows, self._decode([audio[i] for i in rows], variant, language)):
+            for i, result in zip(rows, self._decode(feats[rows], variant, language)):
                 decoded[i].append((variant, result.tokens))
         return list(zip(languages, decoded))
 
