@@ -63,7 +63,38 @@ def parse_temperatures(value: str) -> tuple[float, ...]:
     return temps
 
 
-def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def one_temperature(why: str):
+    """`parse_temperatures` for a front end without a fallback: a list is refused with `why`."""
+    def parse(value: str) -> tuple[float, ...]:
+        temps = parse_temperatures(value)
+        if len(temps) > 1:
+            raise argparse.ArgumentTypeError(f"'{value}' is a fallback schedule; {why}")
+        return temps
+    return parse
+
+
+FALLBACK_INCREMENT = 0.2  # openai/whisper's --temperature_increment_on_fallback
+
+
+def fallback_schedule(temperatures: tuple[float, ...], increment: float = FALLBACK_INCREMENT,
+                      enabled: bool = True) -> tuple[float, ...]:
+    """The temperatures a failed window is retried at, wherever a window can fail (asr-transcribe, the web
+    app's File and Compare tabs): the rest of a given list, or steps of `increment` from the first
+    temperature up to 1.0 (openai/whisper's rule: numpy.arange(t, 1.0 + 1e-6, increment)[1:])."""
+    if not enabled:
+        return ()
+    if len(temperatures) > 1:
+        return tuple(temperatures[1:])
+    if not 0 < increment <= 1:
+        return ()
+    steps = int(math.floor((MAX_TEMPERATURE - temperatures[0]) / increment + 1e-6))
+    return tuple(round(temperatures[0] + increment * (i + 1), 6) for i in range(steps))
+
+
+def add_model_args(parser: argparse.ArgumentParser, no_fallback: str | None = None) -> argparse.ArgumentParser:
+    """The model and decoding options every front end shares. `no_fallback`: why this front end decodes at
+    one temperature (a list given to --temperature is refused with it); None: a list is the fallback
+    schedule (`fallback_schedule`)."""
     group = parser.add_argument_group("model and decoding")
     group.add_argument("--model", default=None,
                        help=f"model as openai-whisper names it: a preset ({', '.join(PRESETS)}), a hub id or a "
@@ -83,8 +114,13 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--mode", choices=MODES, default="exact",
                        help="off: target only; hf: transformers' assisted generation; baseline/exact/sigmoid: our "
                             "loop with the PyTorch reference / exact / sigmoid verification (default: exact)")
-    group.add_argument("--temperature", type=parse_temperatures, default=(0.0,),
-                       help="0 = greedy (default); a list such as 0,0.2,0.4,0.6,0.8,1 also sets the fallback schedule")
+    if no_fallback is None:
+        group.add_argument("--temperature", type=parse_temperatures, default=(0.0,),
+                           help="0 = greedy (default); a list such as 0,0.2,0.4,0.6,0.8,1 also sets the fallback "
+                                "schedule (a failed window is decoded again at the next temperatures)")
+    else:
+        group.add_argument("--temperature", type=one_temperature(no_fallback), default=(0.0,),
+                           help=f"0 = greedy (default), or one sampling temperature up to 1 (no list: {no_fallback})")
     group.add_argument("--language", default=None,
                        help="spoken language: a code or name Whisper knows (en, fr, French...); default: English "
                             "for English-only models, detected for multilingual ones")
@@ -115,8 +151,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--default-allocator", action="store_true",
                        help="leave glibc's malloc as it is: give freed memory back to the system at once (slower; "
                             "by default freed memory is kept for reuse, so the process stays at its peak size)")
-    group.add_argument("--alpha", type=float, default=-1e3, help="sigmoid mode: lower logit bound (default -1e3)")
-    group.add_argument("--beta", type=float, default=1e3, help="sigmoid mode: upper logit bound (default 1e3)")
+    group.add_argument("--alpha", type=float, default=None,
+                       help=f"sigmoid mode: lower logit bound (default {DecodingOptions.alpha:g})")
+    group.add_argument("--beta", type=float, default=None,
+                       help=f"sigmoid mode: upper logit bound (default {DecodingOptions.beta:g})")
     group.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
     group.add_argument("--threads", type=int, default=None,
                        help="torch CPU threads (default: torch's choice; 1 is often fastest for tiny models on a "
@@ -132,6 +170,7 @@ def check_args(args: argparse.Namespace) -> None:
                          "greedy, or sampled with --temperature); use --beam_size 1")
     if getattr(args, "language", None):
         args.language = language_code(args.language)
+    _check_sigmoid_bounds(args)
     model = getattr(args, "model", None)
     if model:
         if args.pair or args.target:
@@ -144,6 +183,16 @@ def check_args(args: argparse.Namespace) -> None:
     target = args.target or (PRESETS[args.pair].target if args.pair in PRESETS else None)
     if target:
         check_reachable(target)
+
+
+def _check_sigmoid_bounds(args: argparse.Namespace) -> None:
+    """--alpha/--beta are the sigmoid mode's; given to a run that decodes no sigmoid mode they are refused.
+    A front end that offers several modes at once names them in `args.modes` (asr-eval, the web app)."""
+    given = [f"--{name}" for name in ("alpha", "beta") if getattr(args, name, None) is not None]
+    modes = getattr(args, "modes", None) or [getattr(args, "mode", None)]
+    if given and "sigmoid" not in modes:
+        raise ValueError(f"{' and '.join(given)} set the sigmoid mode's logit bounds, and this run decodes no "
+                         "sigmoid mode (--mode sigmoid)")
 
 
 HUB_CHECK_S = 1.5
@@ -175,8 +224,9 @@ def options_from_args(args: argparse.Namespace, **overrides) -> DecodingOptions:
     policy = "heuristic" if gamma == "heuristic" else "cost"
     temperatures = args.temperature if isinstance(args.temperature, tuple) else (float(args.temperature),)
     fields = dict(mode=args.mode, temperature=temperatures[0], gamma=gamma if isinstance(gamma, int) else None,
-                  gamma_policy=policy, alpha=args.alpha, beta=args.beta, seed=args.seed,
+                  gamma_policy=policy, seed=args.seed,
                   language=getattr(args, "language", None) or "en", task=getattr(args, "task", "transcribe"))
+    fields.update({name: getattr(args, name) for name in ("alpha", "beta") if getattr(args, name, None) is not None})
     fields.update(overrides)
     return DecodingOptions(**fields)  # ValueError with a readable message on bad values
 

@@ -96,6 +96,7 @@ def test_temperature_schedules():
     assert cli.fallback_schedule((0.0, 0.5, 1.0), 0.2, True) == (0.5, 1.0)  # a given list wins
     assert cli.fallback_schedule((0.5,), 0.25, True) == (0.75, 1.0)
     assert cli.fallback_schedule((0.0,), 0.2, False) == () and cli.fallback_schedule((1.0,), 0.2, True) == ()
+    assert cli.fallback_schedule((0.3,), 0.2, True) == (0.5, 0.7, 0.9)  # never past 1.0 (it gave 1.1)
     parser = add_model_args(__import__("argparse").ArgumentParser())
     assert parser.parse_args(["--temperature", "0.2,0.4"]).temperature == (0.2, 0.4)
 

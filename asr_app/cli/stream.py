@@ -29,6 +29,8 @@ from asr_app.streaming import (
     latency_report,
 )
 
+FRONTIER_S = StreamingOptions.frontier_s
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asr-stream", description="Streaming speech recognition.")
@@ -40,9 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--policy", choices=("local-agreement", "alignatt"), default="local-agreement",
                         help="when words become final: two consecutive hypotheses agree (local-agreement, "
                              "default) or the target's attention has moved past them (alignatt)")
-    parser.add_argument("--frontier", type=float, default=0.5, metavar="S",
-                        help="alignatt: a word is final once it ends S seconds before the newest audio")
-    parser.add_argument("--edge", type=float, default=EDGE_S, metavar="S",
+    parser.add_argument("--frontier", type=float, default=None, metavar="S",
+                        help="alignatt: a word is final once it ends S seconds before the newest audio (default "
+                             f"{FRONTIER_S})")
+    parser.add_argument("--edge", type=float, default=None, metavar="S",
                         help="local-agreement: an agreed word is final once it also ends S seconds before the newest "
                              f"audio (default {EDGE_S}; 0 = plain LocalAgreement-2)")
     parser.add_argument("--block", type=float, default=0.1, help="audio block size in seconds (default 0.1)")
@@ -54,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--plain", action="store_true",
                         help="only final text, one line per sentence or pause (the default when piped)")
     parser.add_argument("--stats", action="store_true", help="print latency/RTF statistics to stderr at the end")
-    add_model_args(parser)
+    add_model_args(parser, no_fallback="asr-stream decodes the growing buffer again every step and commits "
+                                       "what the decodes agree on, so it has no failed window to decode again")
     return parser
 
 
@@ -151,6 +155,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--fast needs --simulate FILE")
     if args.step <= 0 or args.block <= 0:
         parser.error("--step and --block must be positive")
+    if args.input_device is not None and args.simulate:
+        parser.error("--input-device picks the microphone; --simulate reads a file instead")
+    if args.frontier is not None and args.policy != "alignatt":
+        parser.error("--frontier is the alignatt policy's: add --policy alignatt")
+    if args.edge is not None and args.policy == "alignatt":
+        parser.error("--edge is the local-agreement policy's, not alignatt's (which uses --frontier)")
+    args.frontier = FRONTIER_S if args.frontier is None else args.frontier
+    args.edge = EDGE_S if args.edge is None else args.edge
     if args.edge < 0 or args.frontier < 0:
         parser.error("--edge and --frontier must be >= 0")
     if not check_args_or_report(args, "asr-stream"):

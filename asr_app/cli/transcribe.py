@@ -18,7 +18,14 @@ from pathlib import Path
 
 import soundfile as sf
 
-from asr_app.arguments import add_model_args, check_args_or_report, load_decoder_or_report, parse_bool
+from asr_app.arguments import (
+    FALLBACK_INCREMENT,
+    add_model_args,
+    check_args_or_report,
+    fallback_schedule,
+    load_decoder_or_report,
+    parse_bool,
+)
 from asr_app.audio import is_audio_path
 from asr_app.cli.progress import Progress
 from asr_app.writers import FORMATS, output_paths, parse_formats, remove_stale_temps, render, write_outputs
@@ -68,22 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--gpus-per-worker", "--gpus_per_worker", dest="gpus_per_worker", type=float, default=0.0,
                          help="GPUs per worker actor, fractions allowed (default 0: CPU workers)")
     parser.add_argument("--temperature_increment_on_fallback", "--temperature-increment-on-fallback", type=float,
-                        default=0.2, help="fallback temperature step when --temperature is one number (default 0.2)")
+                        default=None, help="fallback temperature step when --temperature is one number "
+                                           f"(default {FALLBACK_INCREMENT:g})")
     add_model_args(parser)
     return parser
-
-
-def fallback_schedule(temperatures: tuple[float, ...], increment: float, enabled: bool) -> tuple[float, ...]:
-    """The temperatures a failed window is retried at: the rest of a given list, or steps of `increment`
-    from the first temperature up to 1.0 (openai/whisper's rule)."""
-    if not enabled:
-        return ()
-    if len(temperatures) > 1:
-        return temperatures[1:]
-    if not 0 < increment <= 1:
-        return ()
-    steps = int(round((1.0 - temperatures[0]) / increment + 1e-9))
-    return tuple(round(temperatures[0] + increment * (i + 1), 6) for i in range(steps))
 
 
 def collect_jobs(paths: list[str], recursive: bool) -> tuple[list[Job], list[str]]:
@@ -152,8 +147,6 @@ def _duration(path: Path) -> float:
 
 def _pending(args, formats: list[str], jobs: list[Job]) -> tuple[list[Job], int, str | None]:
     """(jobs still to do, how many were skipped, a problem that stops the run before any model loads)."""
-    if args.skip_existing and args.output_dir is None:
-        print("warning: --skip-existing has no effect without -o OUTDIR", file=sys.stderr)
     if args.output_dir is None:
         return jobs, 0, None
     problem = unwritable(args.output_dir)
@@ -185,7 +178,9 @@ def transcribe_options(args, decoder):
     each Ray worker, from the same arguments)."""
     from asr_app.longform import TranscribeOptions
 
-    fallback = fallback_schedule(args.temperature, args.temperature_increment_on_fallback, not args.no_fallback)
+    increment = args.temperature_increment_on_fallback
+    fallback = fallback_schedule(args.temperature, FALLBACK_INCREMENT if increment is None else increment,
+                                 not args.no_fallback)
     decoding = dataclasses.replace(decoder.options, word_timestamps=args.word_timestamps)
     return TranscribeOptions(decoding=decoding, batch_size=args.batch_size, temperature_fallback=fallback,
                              initial_prompt=args.initial_prompt, vad_filter=args.vad_filter)
@@ -305,6 +300,14 @@ def _check_cli_options(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--max_words_per_line needs --word_timestamps and a count >= 1")
     if args.engine != "ray" and (args.address or args.num_workers is not None or args.gpus_per_worker):
         parser.error("--address, --num-workers and --gpus-per-worker need --engine ray")
+    if args.skip_existing and args.output_dir is None:
+        parser.error("--skip-existing needs -o OUTDIR (it skips files whose outputs are there)")
+    increment = args.temperature_increment_on_fallback
+    if increment is not None and (args.no_fallback or len(args.temperature) > 1):
+        parser.error("--temperature_increment_on_fallback steps up from a single --temperature; it has no effect "
+                     "with " + ("--no-fallback" if args.no_fallback else "a --temperature list (the list is the schedule)"))
+    if increment is not None and not 0 < increment <= 1:
+        parser.error(f"--temperature_increment_on_fallback must be in (0, 1], got {increment:g}")
     if args.num_workers is None:
         args.num_workers = 2
     if args.num_workers < 1 or args.gpus_per_worker < 0:

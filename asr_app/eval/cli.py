@@ -28,6 +28,7 @@ from asr_app.eval.runner import MODES, PAPER_MODES, EvalRun, mode_specs, run_eva
 from asr_app.wer import normalizer_for_tokenizer
 
 log = logging.getLogger("asr_app.eval")
+DEFAULT_SPLIT = "test-clean"
 
 
 def _csv_list(text: str) -> list[str]:
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     data = parser.add_argument_group("data")
     data.add_argument("--dataset", choices=DATASETS, default="librispeech")
-    data.add_argument("--split", default="test-clean", help="LibriSpeech split (default: test-clean)")
+    data.add_argument("--split", default=None, help=f"LibriSpeech split (default: {DEFAULT_SPLIT})")
     data.add_argument("--data-dir", default=None,
                       help="librispeech: the folder holding LibriSpeech/ or the split itself; ljspeech: the folder "
                       "with metadata.csv; folder: audio + same-name .txt, or a .tsv/.jsonl manifest")
@@ -73,13 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-new-tokens", type=int, default=None,
                      help="cap on generated tokens per utterance (default: the decoder's, 224)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_model_args(parser)
+    add_model_args(parser, no_fallback="asr-eval compares the modes at one temperature (run it once per "
+                                       "temperature)")
     # The evaluator's default comparison is the paper's: sampling at temperature 1.0. It compares the
     # modes given by --modes, so the shared single --mode is hidden (and refused when given).
     parser.set_defaults(temperature=(1.0,), mode=None)
     for action in parser._actions:
         if action.dest == "temperature":
-            action.help = "sampling temperature (default 1.0, the paper's comparison); 0 = greedy"
+            action.help = ("sampling temperature (default 1.0, the paper's comparison); 0 = greedy. One number: the "
+                           "modes are compared at it, with no fallback")
         elif action.dest == "mode":
             action.help = argparse.SUPPRESS
     return parser
@@ -100,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-samples must be >= 1")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         parser.error("--max-new-tokens must be >= 1")
+    if args.split is not None and args.dataset != "librispeech":
+        parser.error(f"--split picks a LibriSpeech split; --dataset {args.dataset} has none")
+    args.split = args.split or DEFAULT_SPLIT
 
     if not check_args_or_report(args, "asr-eval"):
         return 2

@@ -17,7 +17,7 @@ import gradio as gr
 import pandas as pd
 
 from asr_app.arguments import add_model_args, check_args_or_report, load_decoder_or_report
-from asr_app.ui.engine import COMPARE_MODES, UiEngine
+from asr_app.ui.engine import COMPARE_MODES, UI_MODES, UiEngine
 from asr_app.ui.file import CompareOutcome, compare_modes, transcribe_file
 from asr_app.ui.live import live_chunk, live_figures_markdown, live_reset, live_stop
 from asr_app.ui.text import DIFF_CHANGED, DIFF_MISSING, live_transcript_html
@@ -44,6 +44,12 @@ def _default_mode(engine: UiEngine) -> str:
     return preferred if preferred in engine.modes else ("exact" if "exact" in engine.modes else engine.modes[0])
 
 
+def _default_language(engine: UiEngine) -> str:
+    """The launch's --language where the model offers it; else the first choice (auto, or en)."""
+    chosen = engine.base_options.language
+    return chosen if chosen in engine.languages else engine.languages[0]
+
+
 def _message_markdown(message: str) -> str:
     return f"**{message}**" if message else ""
 
@@ -62,8 +68,8 @@ def _live_tab(engine: UiEngine, default_mode: str) -> None:
     live_state = gr.State(None)
     with gr.Row():
         live_mode = gr.Dropdown(list(engine.modes), value=default_mode, label="Mode")
-        live_temperature = gr.Slider(0.0, 1.0, value=0.0, step=0.1, label="Temperature")
-        live_language = gr.Dropdown(list(engine.languages), value=engine.languages[0], label="Language")
+        live_temperature = gr.Slider(0.0, 1.0, value=engine.base_options.temperature, step=0.1, label="Temperature")
+        live_language = gr.Dropdown(list(engine.languages), value=_default_language(engine), label="Language")
     mic = gr.Audio(sources=["microphone"], type="numpy", streaming=True, label="Microphone")
     live_text = gr.HTML(live_transcript_html("", ""), label="Transcript")
     live_figures = gr.Markdown(live_figures_markdown(None))
@@ -90,8 +96,8 @@ def _file_tab(engine: UiEngine, default_mode: str) -> None:
         file_audio = gr.Audio(sources=["upload", "microphone"], type="filepath", label="Audio clip")
         with gr.Column():
             file_mode = gr.Dropdown(list(engine.modes), value=default_mode, label="Mode")
-            file_temperature = gr.Slider(0.0, 1.0, value=0.0, step=0.1, label="Temperature")
-            file_language = gr.Dropdown(list(engine.languages), value=engine.languages[0], label="Language")
+            file_temperature = gr.Slider(0.0, 1.0, value=engine.base_options.temperature, step=0.1, label="Temperature")
+            file_language = gr.Dropdown(list(engine.languages), value=_default_language(engine), label="Language")
             file_button = gr.Button("Transcribe", variant="primary")
     file_message = gr.Markdown()
     file_text = gr.Textbox(label="Transcript", lines=4)
@@ -151,18 +157,26 @@ def build_app(engine: UiEngine) -> gr.Blocks:
     return demo
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python app.py",
-        description="Web demo: live microphone transcription, file transcription and a mode comparison.",
+        description="Web demo: live microphone transcription, file transcription and a mode comparison. "
+                    "--mode, --temperature and --language set the tabs' starting choices (Compare starts at "
+                    "temperature 1.0, where the modes differ); a --temperature list is the File and Compare tabs' "
+                    "fallback schedule.",
     )
     add_model_args(parser)
+    parser.set_defaults(modes=UI_MODES)  # every mode is offered at once (--alpha/--beta are sigmoid's)
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0 for every one)")
     parser.add_argument("--port", type=int, default=7860, help="port to listen on")
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
     parser.add_argument("--max-upload-mb", type=int, default=200,
                         help="largest upload accepted, in MB (default 200; Gradio refuses larger ones with a message)")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def _port_problem(host: str, port: int) -> str | None:
@@ -178,6 +192,10 @@ def _port_problem(host: str, port: int) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    if args.mode not in UI_MODES:
+        print(f"app.py: error: --mode {args.mode} is not offered in the web app (choose from {', '.join(UI_MODES)})",
+              file=sys.stderr)
+        return 2
     if not check_args_or_report(args, "app.py"):
         return 2
     problem = _port_problem(args.host, args.port)
@@ -187,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     decoder = load_decoder_or_report(args, "app.py")  # the models load once, here
     if decoder is None:
         return 2
-    engine = UiEngine.from_decoder(decoder)
+    engine = UiEngine.from_decoder(decoder).sharing(schedule=args.temperature if len(args.temperature) > 1 else ())
     demo = build_app(engine)
     print(f"models loaded: {engine.describe()}", flush=True)
     # SIGTERM ends the process through sys.exit, so the atexit cleanup of our temporary folders runs.

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from asr_app.arguments import fallback_schedule
 from asr_app.decoding import DecodingOptions, SpeculativeDecoder
 from asr_app.decoding.options import MODES
 from asr_app.languages import LANGUAGES
@@ -35,6 +36,7 @@ class UiEngine:
     base_options: DecodingOptions = field(default_factory=DecodingOptions)
     streaming: StreamingOptions = field(default_factory=StreamingOptions)
     decoder: SpeculativeDecoder | None = None  # shared by every session (built once: runtimes, measured costs)
+    schedule: tuple[float, ...] = ()  # launch's --temperature list: the File and Compare tabs' fallback schedule
     scheduler: Scheduler | None = None         # owns the decoder; several engines may share one
     limits: ServiceLimits = field(default_factory=ServiceLimits)
     sessions: SessionRegistry | None = None
@@ -52,6 +54,12 @@ class UiEngine:
                      limits: ServiceLimits | None = None) -> UiEngine:
         return cls(pair=decoder.pair, base_options=decoder.options, streaming=streaming or StreamingOptions(),
                    decoder=decoder, limits=limits or ServiceLimits())
+
+    def fallback(self, temperature: float) -> tuple[float, ...]:
+        """The temperatures a failed window of a whole clip is decoded again at: as asr-transcribe does with
+        `--temperature <temperature>`, or the launch's --temperature list where one was given (long-form
+        uses its values above `temperature`)."""
+        return fallback_schedule(self.schedule or (float(temperature),))
 
     def sharing(self, **changes: Any) -> UiEngine:
         """The same decoder, scheduler and sessions with other settings (e.g. streaming options)."""

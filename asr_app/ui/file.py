@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS, AudioFileReader, AudioLoadError, is_silent
-from asr_app.longform import transcribe
+from asr_app.longform import TranscribeOptions, transcribe
 from asr_app.ui.engine import COMPARE_MODES, UiEngine
 from asr_app.ui.text import count_differences, word_diff
 from asr_app.wer import basic_normalize, word_error_rate
@@ -110,7 +110,7 @@ def transcribe_file(engine: UiEngine, path: str | Path | None, mode: str, temper
     started = time.perf_counter()
     try:
         # The path (read window by window); the JSON names the uploaded file, not where the server keeps it.
-        transcript = transcribe(decoder, path)
+        transcript = transcribe(decoder, path, TranscribeOptions(temperature_fallback=engine.fallback(temperature)))
         transcript.source = _display_name(path)
         files = write_outputs(transcript, _downloads_dir(), Path(path).stem or "transcript", DOWNLOAD_FORMATS)
     except Exception as exc:  # shown in the page instead of a traceback
@@ -187,7 +187,7 @@ def compare_modes(engine: UiEngine, path: str | Path | None, reference: str | No
             # profile_verify times every verification step (it adds syncs, so only here, not live).
             decoder = engine.session_decoder(mode, temperature, profile_verify=True)
             started = time.perf_counter()
-            transcript = transcribe(decoder, path)
+            transcript = transcribe(decoder, path, TranscribeOptions(temperature_fallback=engine.fallback(temperature)))
             latency = time.perf_counter() - started
         except Exception as exc:
             log.exception("compare: mode %s failed on %s", mode, path)
