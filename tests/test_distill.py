@@ -10,6 +10,7 @@ import json
 import shutil
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from conftest import LIBRISPEECH_DIR, LJSPEECH_DIR, TINY_EN_DIR
@@ -271,3 +272,37 @@ def test_runtime_head_default_is_the_decoders():
     from asr_app.decoding.options import DEFAULT_DRAFT_VOCAB
 
     assert RUNTIME_DRAFT_VOCAB == DEFAULT_DRAFT_VOCAB
+
+
+def test_augmentation_does_what_it_says():
+    from asr_app.distill import synth
+
+    rng = np.random.default_rng(0)
+    tone = (0.5 * np.sin(2 * np.pi * 220 * np.arange(16_000) / 16_000)).astype(np.float32)
+    for colour in ("white", "pink", "brown"):
+        noisy = synth.add_noise(tone, 10.0, rng, colour)
+        snr = 10 * np.log10(np.mean(tone.astype(np.float64) ** 2) / np.mean((noisy - tone).astype(np.float64) ** 2))
+        assert abs(snr - 10.0) < 0.1, (colour, snr)
+    assert synth.change_speed(tone, 1.25).size == pytest.approx(tone.size / 1.25, abs=2)
+    assert np.max(np.abs(synth.set_level(tone, -6.0))) == pytest.approx(10 ** (-6 / 20), rel=1e-5)
+    wet = synth.reverb(tone, 0.3, rng)
+    assert wet.size == tone.size + int(0.3 * 16_000) - 1 and np.abs(wet[tone.size :]).max() > 0.01  # a tail
+    a, done_a = synth.augment(tone, np.random.default_rng(5))
+    b, done_b = synth.augment(tone, np.random.default_rng(5))
+    assert done_a == done_b and np.array_equal(a, b) and "peak_dbfs" in done_a  # the seed decides
+
+
+@pytest.mark.skipif(not shutil.which("espeak-ng"), reason="espeak-ng is not installed (apt-get install espeak-ng)")
+def test_synthetic_speech_in_several_languages(tmp_path):
+    import soundfile as sf
+
+    from asr_app.distill import synth
+
+    written = synth.generate([("en", "Good morning."), ("de", "Guten Morgen."), ("ru", "Доброе утро.")], tmp_path)
+    assert [p.parent.name for p in written] == ["en", "de", "ru"]
+    for path in written:
+        audio, rate = sf.read(str(path))
+        assert rate == 16_000 and 0.3 < audio.size / rate < 5 and np.abs(audio).max() > 0.01
+    manifest = [json.loads(line) for line in (tmp_path / "manifest.jsonl").read_text().splitlines()]
+    assert [m["text"] for m in manifest] == ["Good morning.", "Guten Morgen.", "Доброе утро."]
+    assert {m["language"] for m in manifest} == {"en", "de", "ru"} and all("wpm" in m for m in manifest)

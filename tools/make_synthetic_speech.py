@@ -1,0 +1,54 @@
+"""Synthetic speech for asr-distill: sentences in text files spoken by espeak-ng in random voices, augmented.
+
+    python tools/make_synthetic_speech.py --text en:sentences_en.txt --text de:saetze.txt --out synth/ --repeat 3
+    asr-distill --target openai/whisper-base --audio synth/ real-speech/ --eval-audio held-out/ --out drafts/base
+
+Each line of a text file is one sentence (blank lines and lines starting with # are skipped); each sentence is
+spoken --repeat times, each time in another voice, rate and pitch, with noise, reverb, speed and level
+changes unless --no-augment. Files land in OUT/<language>/, with OUT/manifest.jsonl saying how each was made.
+Needs Debian's espeak-ng (apt-get install espeak-ng). See asr_app/distill/synth.py and docs/distill.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from asr_app.distill.synth import VOICES, AugmentOptions, SynthError, espeak_available, generate
+
+
+def sentences(specs: list[str], repeat: int) -> list[tuple[str, str]]:
+    out = []
+    for spec in specs:
+        language, _, path = spec.partition(":")
+        if language not in VOICES or not path:
+            raise ValueError(f"--text {spec!r}: expected LANG:FILE with LANG one of {', '.join(VOICES)}")
+        lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+        out += [(language, line) for line in lines if line and not line.startswith("#")] * repeat
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--text", action="append", required=True, metavar="LANG:FILE")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--repeat", type=int, default=1, help="voices per sentence")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-augment", action="store_true")
+    args = ap.parse_args(argv)
+    if not espeak_available():
+        print("error: espeak-ng is not installed (apt-get install espeak-ng)", file=sys.stderr)
+        return 2
+    try:
+        todo = sentences(args.text, max(1, args.repeat))
+        written = generate(todo, args.out, args.seed, None if args.no_augment else AugmentOptions())
+    except (OSError, ValueError, SynthError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(written)} clips to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
