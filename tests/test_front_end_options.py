@@ -75,6 +75,7 @@ PROBES: dict[str, dict[str, list[str]]] = {
         "address": ["H:--engine ray --address auto | --engine ray", "R:--address auto"],
         "num_workers": ["H:--engine ray --num-workers 3 | --engine ray", "R:--num-workers 3"],
         "gpus_per_worker": ["H:--engine ray --gpus-per-worker 0.5 | --engine ray", "R:--gpus-per-worker 0.5"],
+        "file_timeout": ["H:--engine ray --file-timeout 30 | --engine ray", "R:--file-timeout 30"],
         "temperature": ["H:--temperature 0.4", "H:--temperature 0,0.5,1"],
         "temperature_increment_on_fallback": ["H:--temperature_increment_on_fallback 0.25",
                                               "R:--no-fallback --temperature_increment_on_fallback 0.25",
@@ -96,6 +97,8 @@ PROBES: dict[str, dict[str, list[str]]] = {
         "temperature": ["H:--temperature 0.4", "R:--temperature 0,0.5,1"],
         "alpha": ["H:--alpha -10", "R:--modes exact --alpha -10"],
         "beta": ["H:--beta 10", "R:--modes exact,baseline --sweep-scale 10 --beta 10"],
+        "temperatures": ["H:--seeds 2 --temperatures 0.6,1 | --seeds 2", "R:--temperatures 0.6"],  # the study's
+        "wer_reference": ["H:--seeds 2 --wer-reference text | --seeds 2", "R:--wer-reference text"],
         },
     A: {**MODEL_PROBES,
         "mode": ["H:--mode off", "H:--mode sigmoid", "R:--mode hf"],

@@ -25,6 +25,7 @@ from asr_app.eval.report import (
     write_utterances_jsonl,
 )
 from asr_app.eval.runner import MODES, PAPER_MODES, EvalRun, mode_specs, run_evaluation
+from asr_app.eval.study_cli import add_study_args, check_study_args, run_study_cli, study_requested
 from asr_app.wer import normalizer_for_tokenizer
 
 log = logging.getLogger("asr_app.eval")
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-new-tokens", type=int, default=None,
                      help="cap on generated tokens per utterance (default: the decoder's, 224)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_study_args(parser)
     add_model_args(parser, no_fallback="asr-eval compares the modes at one temperature (run it once per "
                                        "temperature)")
     # The evaluator's default comparison is the paper's: sampling at temperature 1.0. It compares the
@@ -103,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-samples must be >= 1")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         parser.error("--max-new-tokens must be >= 1")
+    check_study_args(parser, args)
     if args.split is not None and args.dataset != "librispeech":
         parser.error(f"--split picks a LibriSpeech split; --dataset {args.dataset} has none")
     args.split = args.split or DEFAULT_SPLIT
@@ -132,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
 
     out_dir = args.output_dir or Path("asr-eval-results") / (
         f"{args.dataset}-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}")
+    if study_requested(args):
+        meta = run_metadata(args, decoder, utterances, has_spelling, argv)
+        return run_study_cli(args, decoder, utterances, specs, normalizer, meta, out_dir)
     log.info("%d utterances x %d modes (%s) -> %s", len(utterances), len(specs), ", ".join(s.label for s in specs), out_dir)
     run = run_evaluation(decoder, utterances, specs, normalizer, warmup=args.warmup, profile=args.profile,
                          progress=not args.no_progress)
@@ -146,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_metadata(args: argparse.Namespace, decoder, utterances, has_spelling: bool, argv: list[str] | None) -> dict:
     pair, options = decoder.pair, decoder.options
-    label = {"librispeech": f"LibriSpeech {args.split}", "ljspeech": "LJSpeech", "folder": "folder"}[args.dataset]
+    label = {"librispeech": f"LibriSpeech {args.split}", "ljspeech": "LJSpeech", "folder": "folder",
+             "local": "local clips"}[args.dataset]
     return {
         "command": shlex.join(["asr-eval", *(sys.argv[1:] if argv is None else argv)]),
         "dataset": args.dataset,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-DATASETS = ("librispeech", "ljspeech", "folder")
+DATASETS = ("librispeech", "ljspeech", "folder", "local")
 AUDIO_SUFFIXES = (".flac", ".wav", ".mp3", ".ogg", ".opus", ".m4a", ".aiff", ".aif")
 MANIFEST_NAMES = ("manifest.jsonl", "manifest.tsv")
 LIBRISPEECH_HF_ID = "openslr/librispeech_asr"
@@ -54,11 +54,14 @@ def load_dataset(
         "librispeech": load_librispeech,
         "ljspeech": load_ljspeech,
         "folder": load_folder,
+        "local": load_local,
     }
     if name not in loaders:
         raise DatasetError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
     if name == "librispeech":
         utterances = load_librispeech(data_dir, split=split, max_samples=max_samples)
+    elif name == "local":
+        utterances = load_local(data_dir)
     else:
         if data_dir is None:
             raise DatasetError(f"dataset {name!r} needs --data-dir (a local folder)")
@@ -277,3 +280,53 @@ def read_manifest(manifest: Path) -> list[Utterance]:
     if not utterances:
         raise DatasetError(f"{manifest}: no entries")
     return utterances
+
+
+# --- local: every clip the project has ----------------------------------------------------------
+
+
+def local_roots(data_dir: str | Path | None = None) -> list[Path]:
+    """The folders `local` reads: `data_dir` (several joined with os.pathsep), else the repository's
+    tests/data/audio and the team's ../shared/audio beside the repository (either may be absent)."""
+    if data_dir is not None:
+        return [Path(p).expanduser() for p in str(data_dir).split(os.pathsep) if p]
+    repo = Path(__file__).resolve().parents[2]
+    return [repo / "tests" / "data" / "audio", repo.parent / "shared" / "audio"]
+
+
+def load_local(data_dir: str | Path | None = None) -> list[Utterance]:
+    """Every audio file under the roots, once per id (the file name without its suffix; the first root
+    holding an id wins, so a clip copied into tests/data is not counted twice), with its transcript where
+    one is found (`local_transcripts`); a clip without one gets an empty reference."""
+    roots = local_roots(data_dir)
+    present = [r for r in roots if r.is_dir()]
+    if not present:
+        raise DatasetError(f"dataset 'local': none of {', '.join(str(r) for r in roots)} exists; pass --data-dir "
+                           "with folders of audio (joined with os.pathsep)")
+    found: dict[str, Utterance] = {}
+    for root in present:
+        texts = local_transcripts(root)
+        for audio in sorted(p for p in root.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file()):
+            found.setdefault(audio.stem, Utterance(id=audio.stem, reference=texts.get(audio.stem, ""), audio_path=audio))
+    return sorted(found.values(), key=lambda u: u.id)
+
+
+def local_transcripts(root: Path) -> dict[str, str]:
+    """Transcripts by clip id under `root`: LibriSpeech `*.trans.txt` (`id text`), `metadata.csv` and
+    `sentences.txt` tables (`id|text[|normalised text]`, the last column preferred as in LJSpeech), and a
+    `.txt` beside an audio file of the same name."""
+    texts: dict[str, str] = {}
+    for trans in sorted(root.rglob("*.trans.txt")):
+        for line in trans.read_text(encoding="utf-8").splitlines():
+            utt_id, _, text = line.strip().partition(" ")
+            if utt_id:
+                texts[utt_id] = text.strip()
+    for table in sorted([*root.rglob("metadata.csv"), *root.rglob("sentences.txt")]):
+        with table.open(encoding="utf-8", newline="") as fh:
+            for row in csv.reader(fh, delimiter="|", quoting=csv.QUOTE_NONE):
+                if len(row) >= 2 and row[0].strip():
+                    texts[row[0].strip()] = (row[2] if len(row) >= 3 and row[2].strip() else row[1]).strip()
+    for txt in sorted(root.rglob("*.txt")):
+        if any(txt.with_suffix(suffix).is_file() for suffix in AUDIO_SUFFIXES):
+            texts.setdefault(txt.stem, txt.read_text(encoding="utf-8").strip())
+    return texts

@@ -1,0 +1,133 @@
+"""asr-eval's sampling study: the `local` dataset, the paired tests, and a small study end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from conftest import DISTIL_DRAFT_DIR, LIBRISPEECH_DIR, TINY_EN_DIR
+
+from asr_app.eval.cli import main
+from asr_app.eval.datasets import load_dataset
+from asr_app.eval.significance import clip_bootstrap_ratio, wilcoxon_pvalue
+from asr_app.eval.study import EncoderMemo, shared_encoder_outputs
+
+MODEL_ARGS = ["--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR), "--device", "cpu", "--dtype", "float32"]
+SHORT_IDS = ("1089-134686-0001", "1089-134691-0000")  # the two shortest LibriSpeech test clips (3.3 s, 2.1 s)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_local_dataset_reads_every_layout_once_with_its_transcript(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    chapter = first / "LibriSpeech" / "test-clean" / "1" / "2"
+    chapter.mkdir(parents=True)
+    (chapter / "1-2-0000.flac").write_bytes(b"x")
+    (chapter / "1-2.trans.txt").write_text("1-2-0000 HELLO THERE\n")
+    (first / "wavs").mkdir()
+    (first / "wavs" / "LJ1.wav").write_bytes(b"x")
+    (first / "metadata.csv").write_text("LJ1|Dr. Smith|Doctor Smith\n")
+    (first / "jfk.flac").write_bytes(b"x")
+    (first / "jfk.txt").write_text("ask not\n")
+    (first / "README.txt").write_text("not a transcript\n")
+    second.mkdir()
+    (second / "jfk.wav").write_bytes(b"x")  # the same id in a later root: the first root's copy counts
+    (second / "untranscribed.flac").write_bytes(b"x")
+    utts = load_dataset("local", f"{first}:{second}")
+    assert [(u.id, u.reference) for u in utts] == [
+        ("1-2-0000", "HELLO THERE"), ("LJ1", "Doctor Smith"), ("jfk", "ask not"), ("untranscribed", "")]
+    assert utts[2].audio_path == first / "jfk.flac" and utts[3].audio_path == second / "untranscribed.flac"
+
+
+def test_local_dataset_defaults_to_the_repository_clips():
+    utts = {u.id: u for u in load_dataset("local")}
+    for clip in ("jfk", "1089-134686-0000", "LJ001-0001", "de"):  # tests/data holds these (shared/ may add more)
+        assert clip in utts and utts[clip].reference
+    assert utts["jfk"].reference.startswith("And so my fellow Americans")
+
+
+def test_wilcoxon_and_clip_bootstrap():
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 5, 60)
+    assert wilcoxon_pvalue(a, a) == 1.0  # no differences: nothing to test
+    assert wilcoxon_pvalue(a + rng.integers(1, 3, 60), a) < 1e-6  # one mode always worse
+    assert wilcoxon_pvalue(a + rng.integers(-1, 2, 60), a) > 1e-3  # noise around zero
+    assert wilcoxon_pvalue([1], [0]) is None
+    errors, words = rng.integers(0, 10, 40).astype(float), np.full(40, 20.0)
+    lo, hi = clip_bootstrap_ratio(errors, words)
+    assert lo < errors.sum() / words.sum() < hi and hi - lo < 0.1
+    assert clip_bootstrap_ratio(errors[:1], words[:1]) is None
+
+
+def test_encoder_memo_reuses_only_the_same_features():
+    import torch
+
+    calls = []
+    memo = EncoderMemo(lambda f: calls.append(1) or f * 2)
+    x = torch.ones(1, 3)
+    assert torch.equal(memo(x), x * 2) and torch.equal(memo(x.clone()), x * 2) and len(calls) == 1
+    assert torch.equal(memo(x + 1), (x + 1) * 2) and len(calls) == 2 and memo.reuses == 1
+
+
+def test_study_end_to_end(tmp_path, tiny_en_pair, capsys):
+    from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for utt in load_dataset("librispeech", LIBRISPEECH_DIR):
+        if utt.id in SHORT_IDS:
+            (data / f"{utt.id}.flac").symlink_to(utt.audio_path)
+            (data / f"{utt.id}.txt").write_text(utt.reference)
+    short = data / f"{SHORT_IDS[1]}.flac"
+    (data / "untranscribed.flac").symlink_to(short.resolve())
+    out = tmp_path / "out"
+    rc = main(["--dataset", "local", "--data-dir", str(data), "--modes", "exact,sigmoid", "--alpha", "-3", "--beta", "3",
+               "--seeds", "2", "--temperatures", "1.0", "--gamma", "3", "--max-new-tokens", "24", "--no-progress",
+               "--output-dir", str(out), *MODEL_ARGS])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "| 1 | sigmoid (α=-3, β=3) |" in printed and "Wilcoxon" in printed
+    study = json.loads((out / "study.json").read_text())
+    items = [json.loads(x) for x in (out / "study_items.jsonl").read_text().splitlines()]
+    labels = ["exact", "sigmoid"]
+    assert [m["label"] for m in study["modes"]] == labels and study["wer_reference"] == "greedy"
+    assert len(items) == 3 * 1 * 2 * len(labels) and study["encoder_reuses"] >= len(items) - 3
+    assert {(it["clip"], it["seed"]) for it in items} == {(c, s) for c in (*SHORT_IDS, "untranscribed") for s in (0, 1)}
+    figures = {f["label"]: f for f in study["figures"]}
+    for label in labels:
+        mine = [it for it in items if it["label"] == label]
+        assert figures[label]["wer"] == pytest.approx(sum(it["errors"] for it in mine) / sum(it["ref_words"] for it in mine))
+        assert figures[label]["text_items"] == 4  # the untranscribed clip has no text WER
+        assert all(it["verify_calls"] > 0 and it["verify_s"] > 0 for it in mine)
+        assert 0 <= figures[label]["acceptance"] <= 1 and figures[label]["tokens_per_call"] >= 1
+    assert (figures["sigmoid"]["alpha"], figures["sigmoid"]["beta"], figures["exact"]["alpha"]) == (-3, 3, None)
+    [comp] = study["comparisons"]
+    assert (comp["label"], comp["against"], comp["pairs"]) == ("sigmoid", "exact", 6)
+    assert comp["delta_wer"] == pytest.approx(figures["sigmoid"]["wer"] - figures["exact"]["wer"])
+    png = (out / "study.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+
+    # The shared encoder output changes no token: one item decoded again without the memo.
+    decoder = SpeculativeDecoder(tiny_en_pair)
+    item = next(it for it in items if it["label"] == "sigmoid" and it["clip"] == "untranscribed" and it["seed"] == 1)
+    from asr_app.audio import load_audio
+    from asr_app.wer import english_normalizer, spelling_map_from_dir
+
+    options = DecodingOptions(mode="sigmoid", temperature=1.0, seed=1, gamma=3, max_new_tokens=24, alpha=-3, beta=3)
+    audio = load_audio(short)
+    plain = decoder.decode([audio], options=options)[0].text
+    with shared_encoder_outputs(decoder) as memos:
+        decoder.decode([audio], options=dataclasses.replace(options, seed=0))
+        memo = decoder.decode([audio], options=options)[0].text
+    assert memos[0].reuses == 1
+    assert memo == plain and english_normalizer(spelling_map_from_dir(TINY_EN_DIR))(plain) == item["hypothesis"]
+
+
+def test_study_options_are_checked(capsys):
+    for argv, message in ((["--temperatures", "0.6"], "give --seeds N too"), (["--seeds", "0"], "--seeds must be >= 1"),
+                          (["--seeds", "2", "--temperatures", "x"], "--temperatures wants numbers")):
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, *MODEL_ARGS])
+        assert exc.value.code == 2 and message in capsys.readouterr().err
