@@ -7,7 +7,9 @@ from __future__ import annotations
 import copy
 import errno
 import json
+import os
 import shutil
+import signal
 from dataclasses import replace
 
 import numpy as np
@@ -20,6 +22,7 @@ from asr_app.audio import load_audio
 from asr_app.cli import distill as cli
 from asr_app.decoding import DecodingOptions, SpeculativeDecoder
 from asr_app.distill import DistillError, DistillOptions, EvalOptions, TeacherOptions, TrainOptions
+from asr_app.distill.errors import Interrupted
 from asr_app.distill.export import embed_sha256
 from asr_app.distill.loss import kl_top_k
 from asr_app.distill.options import RUNTIME_DRAFT_VOCAB
@@ -191,16 +194,25 @@ class KillAt(Reporter):
             raise Killed
 
 
+class InterruptAt(KillAt):
+    def step(self, log, result, total):
+        if log.step == self.at:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
 def test_resume_after_a_kill_gives_the_same_weights(workspace, whole_run):
     ws, whole = workspace, whole_run
+    run = options(ws, "killed", steps=6, checkpoint_steps=2)
     with pytest.raises(Killed):
-        distill(options(ws, "killed", steps=6, checkpoint_steps=2), KillAt(5))  # last checkpoint: step 4
+        distill(run, KillAt(3))  # the last checkpoint: step 2
     with pytest.raises(DistillError, match="interrupted run .* --resume"):
-        distill(options(ws, "killed", steps=6, checkpoint_steps=2))
+        distill(run)
     with pytest.raises(DistillError, match="differs in train.seed"):
         distill(replace(options(ws, "killed", steps=6, checkpoint_steps=2, seed=1), resume=True))
-    resumed = distill(replace(options(ws, "killed", steps=6, checkpoint_steps=2), resume=True))
-    assert resumed.training.resumed_at == 4 and resumed.teacher.computed == 0
+    with pytest.raises(Interrupted, match="after step 5 of 6"):  # Ctrl-C: the step ends and is saved
+        distill(replace(run, resume=True), InterruptAt(5))
+    resumed = distill(replace(run, resume=True))
+    assert resumed.training.resumed_at == 5 and resumed.teacher.computed == 0
     assert [h.loss for h in resumed.training.history] == [h.loss for h in whole.training.history]
     a, b = whole.student.state_dict(), resumed.student.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -229,6 +241,9 @@ def test_bad_input_gets_one_clear_line(workspace, cli_run, capsys, monkeypatch):
     code, err = run_cli(capsys, "--target", str(bare), "--audio", str(ws / "train"), "--out", str(ws / "o2"))
     assert code == 2 and "has no tokenizer" in err and len(err.splitlines()) == 1
 
+    code, err = run_cli(capsys, *common, "--audio", str(ws / "train"), "--out", str(ws / "o6"), "--tasks",
+                        "transcribe,translate")
+    assert code == 2 and "English-only: it cannot translate" in err
     code, err = run_cli(capsys, *common, "--audio", str(ws / "train"), "--out", str(ws / "o3"), "--resume")
     assert code == 2 and "nothing to resume" in err
     code, err = run_cli(capsys, *common, "--audio", str(ws / "train"), "--out", str(cli_run[1]))

@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gammas", type=_ints, default=EvalOptions().gammas, help="fixed gammas measured")
     g.add_argument("--eval-max-clips", type=int, default=None)
     g.add_argument("--eval-timestamps", action="store_true", help="decode the held-out clips with timestamps")
+    g.add_argument("--eval-task", choices=("transcribe", "translate"), default="transcribe",
+                   help="decode the held-out clips with this task (translate: a multilingual target)")
     g.add_argument("--no-speed", action="store_true", help="do not report the exact/off timing")
     return p
 
@@ -97,8 +99,8 @@ def options_from_args(args: argparse.Namespace) -> DistillOptions:
                          layers=args.layers or None, draft_vocab=args.draft_vocab or None,
                          audio_view=args.audio_view, seed=args.seed, checkpoint_minutes=args.checkpoint_minutes,
                          checkpoint_steps=args.checkpoint_steps)
-    evaluation = EvalOptions(gammas=args.gammas, timestamps=args.eval_timestamps, speed=not args.no_speed,
-                             max_clips=args.eval_max_clips)
+    evaluation = EvalOptions(gammas=args.gammas, timestamps=args.eval_timestamps, task=args.eval_task,
+                             speed=not args.no_speed, max_clips=args.eval_max_clips)
     return DistillOptions(target=args.target, audio=tuple(args.audio), out=args.out, eval_audio=tuple(args.eval_audio),
                           holdout=args.holdout, cache=args.cache, device=args.device,
                           dtype=None if args.dtype == "auto" else args.dtype, resume=args.resume, teacher=teacher,

@@ -97,7 +97,7 @@ def in_decoder(pair: ModelPair, draft, clips: Sequence[np.ndarray], names: Seque
     decoder = SpeculativeDecoder(with_draft, DecodingOptions(mode="off"), runtime)
     multilingual = bool(getattr(pair.target.generation_config, "is_multilingual", False))
     base = DecodingOptions(mode="off", language=None if multilingual else "en", timestamps=options.timestamps,
-                           max_new_tokens=max_new_tokens)
+                           task=options.task, max_new_tokens=max_new_tokens)
     exact = dataclasses.replace(base, mode="exact")
     decoder.decode(clips[0], base), decoder.decode(clips[0], exact)  # warm-up: first-use costs are not timed
     off, auto, off_s, exact_s = _timed_pairs(decoder, clips, base, exact)

@@ -120,12 +120,15 @@ class TrainOptions:
 class EvalOptions:
     gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6)   # fixed drafts per step measured on held-out audio
     timestamps: bool = False           # decode the held-out clips with timestamps
+    task: str = "transcribe"           # or translate (a multilingual target)
     speed: bool = True                 # also time exact against off end to end (the cost-aware gamma)
     max_clips: int | None = None       # at most this many held-out clips (None: all)
 
     def __post_init__(self) -> None:
         if any(g < 1 for g in self.gammas):
             raise ValueError(f"gammas must be >= 1, got {self.gammas}")
+        if self.task not in ("transcribe", "translate"):
+            raise ValueError(f"the evaluation task must be transcribe or translate, got {self.task!r}")
 
 
 @dataclass(frozen=True)

@@ -200,6 +200,12 @@ def _load_target(options: DistillOptions) -> ModelPair:
     pair = load_pair(target=options.target, draft=None, device=options.device, dtype=options.dtype)
     if getattr(pair.processor, "tokenizer", None) is None:
         raise DistillError(f"target '{options.target}' has no tokenizer: the teacher's transcripts need one")
+    if not getattr(pair.target.generation_config, "is_multilingual", False):
+        if "translate" in (*options.teacher.tasks, options.evaluation.task):
+            raise DistillError(f"target '{options.target}' is English-only: it cannot translate (--tasks, --eval-task)")
+        if options.teacher.language not in (None, "en"):
+            raise DistillError(f"target '{options.target}' is English-only: --language {options.teacher.language} "
+                               "is not available")
     return pair
 
 
@@ -280,7 +286,8 @@ def _train_and_write(run: _Run) -> DistillResult:
 
 def _evaluate(run: _Run, exported, final) -> dict:
     """The teacher-forced figures `final`, and the exported draft in the decoder, on the held-out clips."""
-    held, options = run.data.held, run.options
+    options = run.options
+    held = [c for c in run.data.held if run.cache.valid(c.key)]  # those the teacher pass could read
     run.report.message(f"evaluating on {len(held)} held-out clips")
     clips = held[: options.evaluation.max_clips] if options.evaluation.max_clips else held
     read = ClipReader()
