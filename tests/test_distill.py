@@ -321,3 +321,30 @@ def test_synthetic_speech_in_several_languages(tmp_path):
     manifest = [json.loads(line) for line in (tmp_path / "manifest.jsonl").read_text().splitlines()]
     assert [m["text"] for m in manifest] == ["Good morning.", "Guten Morgen.", "Доброе утро."]
     assert {m["language"] for m in manifest} == {"en", "de", "ru"} and all("wpm" in m for m in manifest)
+
+
+def test_every_command_line_option_reaches_the_options():
+    """Each option of asr-distill changes the DistillOptions it builds (--threads and --quiet act in main)."""
+    parser = cli.build_parser()
+    base = ["--target", "t", "--audio", "a", "--out", "o"]
+    probes = {"target": ["--target", "u"], "audio": ["--audio", "a", "b"], "out": ["--out", "p"],
+              "eval_audio": ["--eval-audio", "e"], "holdout": ["--holdout", "0.2"], "cache": ["--cache", "c"],
+              "resume": ["--resume"], "device": ["--device", "cpu"], "dtype": ["--dtype", "float16"],
+              "language": ["--language", "German"], "tasks": ["--tasks", "transcribe,translate"],
+              "timestamps": ["--timestamps", "mixed"], "top_k": ["--top-k", "20"],
+              "max_new_tokens": ["--max-new-tokens", "100"], "keep_capped": ["--keep-capped"],
+              "teacher_batch": ["--teacher-batch", "2"], "steps": ["--steps", "5"], "batch_size": ["--batch-size", "4"],
+              "lr": ["--lr", "1e-4"], "min_lr": ["--min-lr", "1e-6"], "warmup": ["--warmup", "5"],
+              "kl_weight": ["--kl-weight", "2"], "ce_weight": ["--ce-weight", "1"], "layers": ["--layers", "0,1"],
+              "draft_vocab": ["--draft-vocab", "0"], "audio_view": ["--audio-view", "audio"], "seed": ["--seed", "3"],
+              "checkpoint_minutes": ["--checkpoint-minutes", "1"], "checkpoint_steps": ["--checkpoint-steps", "10"],
+              "gammas": ["--gammas", "2,4"], "eval_max_clips": ["--eval-max-clips", "3"],
+              "eval_timestamps": ["--eval-timestamps"], "eval_task": ["--eval-task", "translate"],
+              "no_speed": ["--no-speed"]}
+    dests = {a.dest for a in parser._actions if a.dest != "help"}
+    assert dests - set(probes) == {"threads", "quiet"}
+    default = cli.options_from_args(parser.parse_args(base))
+    for dest, argv in probes.items():
+        assert cli.options_from_args(parser.parse_args(base + argv)) != default, dest
+    assert cli.options_from_args(parser.parse_args(base + ["--language", "German"])).teacher.language == "de"
+    assert cli.main(base + ["--holdout", "1.5"]) == 2  # a bad value: one line, before torch work
