@@ -1,12 +1,32 @@
-"""Writing output files atomically with ordinary permissions (one home for every writer of outputs)."""
+"""Writing output files atomically with ordinary permissions (one home for every writer of outputs).
+
+A staged file is named for its owner: `.asr-tmp-p<pid>h<host>.<name>.<random>` (host: 8 hex digits of a hash
+of the host's name), so that a later run can tell a file a killed run left behind from one another run,
+live, is writing right now (`writers.remove_stale_temps`).
+"""
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
+import re
+import socket
 import tempfile
 from pathlib import Path
 
 TEMP_PREFIX = ".asr-tmp-"
+_OWNER = re.compile(re.escape(TEMP_PREFIX) + r"p(\d+)h([0-9a-f]{8})\.")
+
+
+def host_tag() -> str:
+    return hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def temp_owner(name: str) -> tuple[int, str] | None:
+    """(pid, host tag) of the process that staged the file `name`, or None (not ours, or an older form)."""
+    match = _OWNER.match(name)
+    return (int(match.group(1)), match.group(2)) if match else None
 
 
 def _umask() -> int:
@@ -25,7 +45,8 @@ def _umask() -> int:
 def _stage(path: Path, text: str) -> Path:
     """`text` in a hidden temporary file beside `path`, flushed to disk, with the mode a plain open() would
     give (0666 less the umask), not mkstemp's 0600; removed again if anything fails."""
-    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX + path.name + ".", dir=path.parent)
+    owner = f"p{os.getpid()}h{host_tag()}"
+    fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{owner}.{path.name}.", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
@@ -42,7 +63,8 @@ def write_all_atomic(files: dict[Path, str]) -> list[Path]:
     """Write several files so that they land all together or not at all: every text is staged in a
     temporary file first (a full disk or a killed process fails here, and the staged files are removed),
     then each is renamed onto its name, which needs no space and cannot fail half-way through a file.
-    A reader, or a resumed run, never sees a half-written file; the last name is renamed last."""
+    A reader, or a resumed run, never sees a half-written file; the last name is renamed last. The folders
+    are synced after the renames, so the new names survive a power cut as the files' contents do."""
     staged: list[tuple[Path, Path]] = []
     try:
         for path, text in files.items():
@@ -53,7 +75,24 @@ def write_all_atomic(files: dict[Path, str]) -> list[Path]:
         raise
     for tmp, path in staged:
         os.replace(tmp, path)
+    for folder in dict.fromkeys(path.parent for _, path in staged):
+        sync_folder(folder)
     return [path for _, path in staged]
+
+
+def sync_folder(folder: Path) -> None:
+    """fsync a folder: its entries (renames, new names) reach the disk. Where a system or filesystem cannot
+    sync a folder (Windows; EINVAL/ENOTSUP from some network filesystems) there is nothing more to do."""
+    if os.name == "nt":
+        return
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: str | Path, text: str) -> Path:

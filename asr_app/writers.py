@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from asr_app.fileio import TEMP_PREFIX, write_all_atomic
+from asr_app.fileio import TEMP_PREFIX, host_tag, temp_owner, write_all_atomic
 from asr_app.transcript import Transcript
 
 FORMATS = ("txt", "srt", "vtt", "tsv", "json")
@@ -103,12 +105,50 @@ def write_outputs(transcript: Transcript, out_dir: str | Path, stem: str, format
                              for fmt in ordered})
 
 
-def remove_stale_temps(out_dir: str | Path) -> list[Path]:
-    """Delete temporary files a killed run left behind (they are never valid outputs)."""
+STALE_AFTER_S = 24 * 3600.0  # a staged file whose owner cannot be checked is left this long (another host's)
+
+
+def remove_stale_temps(out_dir: str | Path, max_age_s: float = STALE_AFTER_S) -> list[Path]:
+    """Delete the temporary files killed runs left behind (they are never valid outputs), and only those:
+    one staged on this host whose process is gone (or whose process id now belongs to a process started
+    after the file was written), or, where the owner cannot be checked (another host, an older name), one
+    older than `max_age_s`. A file another live run is staging right now is left alone."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return []
-    stale = [p for p in out_dir.rglob(TEMP_PREFIX + "*") if p.is_file()]
-    for p in stale:
-        p.unlink(missing_ok=True)
-    return stale
+    removed = []
+    for path in out_dir.rglob(TEMP_PREFIX + "*"):
+        try:
+            if path.is_file() and _is_stale(path, max_age_s):
+                path.unlink()
+                removed.append(path)
+        except FileNotFoundError:  # renamed or removed by its owner meanwhile
+            continue
+    return removed
+
+
+def _is_stale(path: Path, max_age_s: float) -> bool:
+    written = path.stat().st_mtime
+    owner = temp_owner(path.name)
+    if owner is not None and owner[1] == host_tag():
+        started = _process_start(owner[0])
+        return started is None or started > written + 1.0  # gone, or the id is another process's now
+    return time.time() - written > max_age_s
+
+
+def _process_start(pid: int) -> float | None:
+    """When process `pid` started (seconds since the epoch; 0.0 when it runs and the time is unknown), or
+    None when there is no such process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # another user's process: it exists
+    try:  # Linux: the start in clock ticks after boot, field 22 of /proc/<pid>/stat
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0.0

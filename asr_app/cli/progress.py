@@ -47,7 +47,8 @@ class Progress:
             self.bar.n = self.done
             self.bar.total = self.total
             self.bar.refresh()
-        elif self.enabled and time.perf_counter() - self.last_line >= self.every:
+        elif self.enabled and self.done < self.total and time.perf_counter() - self.last_line >= self.every:
+            # (at 100% no periodic line: close() prints the final one, which would repeat it)
             self.last_line = time.perf_counter()
             print(self.line(), file=self.stream, flush=True)
 

@@ -28,6 +28,7 @@ from asr_app.arguments import (
 )
 from asr_app.audio import is_audio_path
 from asr_app.cli.progress import Progress
+from asr_app.cluster import FILE_TIMEOUT_S, TIMEOUT_PER_AUDIO_S
 from asr_app.writers import FORMATS, output_paths, parse_formats, remove_stale_temps, render, write_outputs
 
 
@@ -74,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="worker actors, each with its own model copy (default 2)")
     cluster.add_argument("--gpus-per-worker", "--gpus_per_worker", dest="gpus_per_worker", type=float, default=0.0,
                          help="GPUs per worker actor, fractions allowed (default 0: CPU workers)")
+    cluster.add_argument("--file-timeout", "--file_timeout", dest="file_timeout", type=float, default=None,
+                         metavar="S", help=f"a worker holding a file longer than S seconds plus {TIMEOUT_PER_AUDIO_S:g}x "
+                                           "its audio length is taken as stuck: it is stopped and the file moves to "
+                                           f"another worker (default {FILE_TIMEOUT_S:g})")
     parser.add_argument("--temperature_increment_on_fallback", "--temperature-increment-on-fallback", type=float,
                         default=None, help="fallback temperature step when --temperature is one number "
                                            f"(default {FALLBACK_INCREMENT:g})")
@@ -233,11 +238,13 @@ def _run_ray(args, jobs: list[Job], formats: list[str], failures: list[str]) -> 
     started = time.perf_counter()
     try:
         cluster = ClusterOptions(address=args.address, num_workers=args.num_workers,
-                                 cpus_per_worker=float(args.threads or 1), gpus_per_worker=args.gpus_per_worker)
+                                 cpus_per_worker=float(args.threads or 1), gpus_per_worker=args.gpus_per_worker,
+                                 file_timeout_s=FILE_TIMEOUT_S if args.file_timeout is None else args.file_timeout)
         with RayTranscriber(functools.partial(decoder_from_args, args), functools.partial(transcribe_options, args),
                             cluster) as transcriber:
             progress = Progress(sum(j.seconds for j in jobs), enabled=not args.quiet)
-            outcomes = transcriber.run([(i, j.path) for i, j in enumerate(jobs)], args.batch_size)
+            outcomes = transcriber.run([(i, j.path) for i, j in enumerate(jobs)], args.batch_size,
+                                       durations={i: j.seconds for i, j in enumerate(jobs)})
             decoded = _run(outcomes, jobs, args, formats, failures, progress, per_window=False)
     except (ClusterError, ValueError) as exc:
         print(f"asr-transcribe: error: {exc}", file=sys.stderr)
@@ -298,8 +305,11 @@ def _check_cli_options(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--batch-size must be >= 1")
     if args.max_words_per_line is not None and (args.max_words_per_line < 1 or not args.word_timestamps):
         parser.error("--max_words_per_line needs --word_timestamps and a count >= 1")
-    if args.engine != "ray" and (args.address or args.num_workers is not None or args.gpus_per_worker):
-        parser.error("--address, --num-workers and --gpus-per-worker need --engine ray")
+    if args.engine != "ray" and (args.address or args.num_workers is not None or args.gpus_per_worker
+                                 or args.file_timeout is not None):
+        parser.error("--address, --num-workers, --gpus-per-worker and --file-timeout need --engine ray")
+    if args.file_timeout is not None and not args.file_timeout > 0:
+        parser.error("--file-timeout must be > 0 seconds")
     if args.skip_existing and args.output_dir is None:
         parser.error("--skip-existing needs -o OUTDIR (it skips files whose outputs are there)")
     increment = args.temperature_increment_on_fallback
