@@ -82,6 +82,15 @@ class ServiceLimits:
         self.check_rate(info.samplerate)
         duration = info.frames / info.samplerate
         if duration > self.max_upload_s:
-            raise LimitExceeded(f"the upload is {duration / 60:.1f} min of audio; at most "
-                                f"{self.max_upload_s / 60:g} min is accepted")
+            raise LimitExceeded(f"the upload is {spoken_duration(duration)} of audio; at most "
+                                f"{spoken_duration(self.max_upload_s)} is accepted")
         return duration
+
+
+def spoken_duration(seconds: float) -> str:
+    """12.5 -> '12.5 s', 5400 -> '90 min', 7200 -> '2 h' (for messages)."""
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    if seconds < 3 * 3600 and seconds % 3600:
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds / 3600:.3g} h"

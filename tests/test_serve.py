@@ -152,7 +152,7 @@ def test_concurrent_requests_share_batches_and_match_one_at_a_time(service):
     ("truncated.flac", JFK_FLAC.read_bytes()[:3000], 400, None),
     ("empty.wav", b"", 400, "empty"),
     ("notes.txt", b"hello, this is not audio", 400, "not an audio file"),
-    ("long.wav", wav_bytes(np.zeros(8_000 * 90, np.int16), 8_000), 413, "min of audio"),
+    ("long.wav", wav_bytes(np.zeros(8_000 * 90, np.int16), 8_000), 413, "90 s of audio; at most 60 s"),
     ("big.wav", wav_bytes(np.zeros(16_000 * 120, np.int16), 16_000), 413, "MB"),
 ])
 def test_bad_uploads_get_a_clear_4xx_and_the_server_goes_on(service, name, body, status, phrase):
@@ -253,3 +253,21 @@ def test_live_refuses_bad_rates_and_sessions_beyond_the_limit(service):
     # Both left without a stop: their places are free again.
     assert asyncio.run(_stream(url, lj_clip("LJ001-0002")))[-1]["kind"] == "done"
     assert healthy(url)
+
+
+def test_asr_stream_sends_a_file_to_the_server(service):
+    url, _, _ = service
+    run = subprocess.run([sys.executable, "-m", "asr_app.cli.stream", "--server", url, "--api-key", KEY,
+                          "--simulate", str(LJ_LIVE), "--fast", "--jsonl", "--stats"],
+                         capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert run.returncode == 0, run.stderr
+    events = [json.loads(line) for line in run.stdout.splitlines()]
+    committed = " ".join(e["text"] for e in events if e["kind"] == "commit")
+    assert word_error_rate(LJ_LIVE_TEXT, committed) < 0.15, committed
+    assert json.loads(run.stderr.strip().splitlines()[-1])["audio_s"] == pytest.approx(5.1, abs=0.1)
+    refused = subprocess.run([sys.executable, "-m", "asr_app.cli.stream", "--server", url, "--step", "1",
+                              "--simulate", str(LJ_LIVE)], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--step: decided by the server with --server" in refused.stderr
+    wrong = subprocess.run([sys.executable, "-m", "asr_app.cli.stream", "--server", url, "--api-key", "nope-nope-1",
+                            "--simulate", str(LJ_LIVE), "--fast"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "API key" in wrong.stderr

@@ -16,6 +16,7 @@ import soxr
 from conftest import JFK_FLAC, LJSPEECH_DIR, lj_clip
 
 from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+from asr_app.sessions import SessionRegistry
 from asr_app.streaming import StreamingOptions
 from asr_app.ui.engine import UiEngine
 from asr_app.ui.file import compare_modes, transcribe_file
@@ -278,3 +279,27 @@ def test_english_only_model_offers_english_only(engine):
         engine.options("exact", 0.0, "fr")
     outcome = transcribe_file(engine, str(JFK_FLAC), "exact", 0.0, "fr")
     assert "English-only" in outcome.message and not outcome.text
+
+
+def test_bounds_hold_on_the_web_app_too(engine, tmp_path):
+    """The web app enforces the service's bounds before any work: a chunk claiming 1 Hz is refused before
+    it is resampled, an upload past the duration bound is refused from its header, and a recording past
+    --max-sessions is told the house is full."""
+    from asr_app.limits import ServiceLimits
+    session, _, figures = live_chunk(engine, (1, np.zeros((16, 2), np.int16)), None, "exact", 0.0)
+    assert "outside the accepted 8000-192000 Hz" in figures and session.audio_s == 0.0
+    session, _, figures = live_chunk(engine, (16_000, np.zeros(16_000 * 11, np.int16)), session, "exact", 0.0)
+    assert "longer than the 10 s accepted per chunk" in figures and session.audio_s == 0.0
+    live_stop(engine, session)
+    strict = engine.sharing(limits=ServiceLimits(max_upload_s=5.0, max_sessions=1),
+                            sessions=SessionRegistry(1))
+    outcome = transcribe_file(strict, JFK_FLAC, "exact", 0.0)   # 11 s of audio
+    assert "11 s of audio; at most 5 s is accepted" in outcome.message and not outcome.text
+    first, _, _ = live_chunk(strict, as_browser_chunks(np.zeros(8000, np.float32), 16_000)[0], None, "exact", 0.0)
+    second, _, figures = live_chunk(strict, as_browser_chunks(np.zeros(8000, np.float32), 16_000)[0], None,
+                                    "exact", 0.0)
+    assert second is None and "live sessions are in use" in figures
+    live_stop(strict, first)
+    third, _, _ = live_chunk(strict, as_browser_chunks(np.zeros(8000, np.float32), 16_000)[0], None, "exact", 0.0)
+    assert third is not None   # the finished session gave its place back
+    live_stop(strict, third)

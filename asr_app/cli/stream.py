@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import TextIO
 
 from asr_app.arguments import add_model_args, check_args_or_report, load_decoder_or_report
 from asr_app.audio import AudioLoadError, FileSource, MicrophoneError, MicrophoneSource
+from asr_app.cli.remote import RemoteError, RemoteOptions, stream_to_server
 from asr_app.streaming import (
     EDGE_S,
     STEP_S,
@@ -30,6 +32,9 @@ from asr_app.streaming import (
 )
 
 FRONTIER_S = StreamingOptions.frontier_s
+# What a --server stream may set: the audio source and output here, mode/temperature/language at the server.
+REMOTE_DESTS = {"help", "simulate", "fast", "block", "input_device", "jsonl", "plain", "stats", "server", "api_key",
+                "mode", "temperature", "language"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--plain", action="store_true",
                         help="only final text, one line per sentence or pause (the default when piped)")
     parser.add_argument("--stats", action="store_true", help="print latency/RTF statistics to stderr at the end")
+    parser.add_argument("--server", metavar="URL", default=None,
+                        help="stream to a running asr-serve (http://host:port) instead of decoding here; --mode, "
+                             "--temperature and --language go to the server, which decides everything else")
+    parser.add_argument("--api-key", default=os.environ.get("ASR_SERVE_API_KEY"),
+                        help="with --server: the server's API key (default: $ASR_SERVE_API_KEY)")
     add_model_args(parser, no_fallback="asr-stream decodes the growing buffer again every step and commits "
                                        "what the decodes agree on, so it has no failed window to decode again")
     return parser
@@ -161,6 +171,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--frontier is the alignatt policy's: add --policy alignatt")
     if args.edge is not None and args.policy == "alignatt":
         parser.error("--edge is the local-agreement policy's, not alignatt's (which uses --frontier)")
+    if args.server:
+        local = [a.option_strings[0] for a in parser._actions
+                 if a.dest not in REMOTE_DESTS and a.option_strings and getattr(args, a.dest) != a.default]
+        if local:
+            parser.error(f"{', '.join(local)}: decided by the server with --server; leave "
+                         f"{'them' if len(local) > 1 else 'it'} out")
+    elif args.api_key != parser.get_default("api_key"):
+        parser.error("--api-key is for --server")
     args.frontier = FRONTIER_S if args.frontier is None else args.frontier
     args.edge = EDGE_S if args.edge is None else args.edge
     if args.edge < 0 or args.frontier < 0:
@@ -177,11 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     except (AudioLoadError, MicrophoneError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    style = "jsonl" if args.jsonl else "plain" if (args.plain or not sys.stdout.isatty()) else "terminal"
+    if args.server:
+        return run_remote(args, source, Printer(sys.stdout, style))
     decoder = load_decoder_or_report(args, "asr-stream")  # the models load once, here
     if decoder is None:
         return 2
-
-    style = "jsonl" if args.jsonl else "plain" if (args.plain or not sys.stdout.isatty()) else "terminal"
     printer = Printer(sys.stdout, style)
     try:
         processor = StreamingProcessor(decoder, StreamingOptions(step_s=args.step, vad_filter=args.vad_filter,
@@ -219,6 +238,24 @@ def main(argv: list[str] | None = None) -> int:
         report["wall_s"] = round(time.perf_counter() - started, 2)
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in report.items()}),
               file=sys.stderr)
+    return 0
+
+
+def run_remote(args: argparse.Namespace, source, printer: Printer) -> int:
+    """Stream `source` to the server, print its events; the server's statistics with --stats."""
+    options = RemoteOptions(args.server, args.api_key, args.mode, float(args.temperature[0]),
+                            args.language or "auto")
+    if not args.simulate:
+        print(f"listening on {source.device_name}, streaming to {args.server} (Ctrl-C to stop)", file=sys.stderr)
+    try:
+        stats = stream_to_server(options, source, printer)
+    except RemoteError as exc:
+        printer.close()
+        print(f"asr-stream: error: {exc}", file=sys.stderr)
+        return 2
+    printer.close()
+    if args.stats:
+        print(json.dumps(stats), file=sys.stderr)
     return 0
 
 

@@ -237,7 +237,7 @@ def refusal_for(exc: BaseException) -> Refusal:
     if isinstance(exc, Refusal):
         return exc
     if isinstance(exc, LimitExceeded):
-        return Refusal(413 if "MB" in str(exc) or "min of audio" in str(exc) else 400, str(exc))
+        return Refusal(413 if "is accepted" in str(exc) else 400, str(exc))
     if isinstance(exc, SchedulerBusy | TimeoutError):
         return Refusal(503, f"the service is busy: {exc}", "server_busy")
     if isinstance(exc, SchedulerClosed):

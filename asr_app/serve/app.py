@@ -49,7 +49,7 @@ class BodyLimit:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:
-                raise LimitExceeded(f"the upload is larger than {self.max_bytes / 1e6:.0f} MB")
+                raise LimitExceeded(f"the upload is larger than the {self.max_bytes / 1e6:.0f} MB that is accepted")
             return message
 
         await self.app(scope, counted, send)

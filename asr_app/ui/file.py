@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS, AudioFileReader, AudioLoadError, is_silent
+from asr_app.limits import LimitExceeded
 from asr_app.longform import TranscribeOptions, transcribe
 from asr_app.ui.engine import COMPARE_MODES, UiEngine
 from asr_app.ui.text import count_differences, word_diff
@@ -42,20 +43,31 @@ def _downloads_dir() -> Path:
         atexit.register(shutil.rmtree, _downloads_root, ignore_errors=True)
     cutoff = time.time() - DOWNLOADS_KEPT_S
     for old in _downloads_root.iterdir():
-        if old.stat().st_mtime < cutoff:
+        try:
+            expired = old.stat().st_mtime < cutoff
+        except FileNotFoundError:   # another request cleaned it up between the listing and now
+            continue
+        if expired:
             shutil.rmtree(old, ignore_errors=True)
     return Path(tempfile.mkdtemp(dir=_downloads_root))
 
 
-def _probe(path: str | Path | None, energy_threshold: float) -> tuple[float | None, bool, str]:
-    """(seconds, silent, problem) of an upload, read window by window: an upload of any length costs a
-    window's memory. `problem` is what to tell the user (never a server path), seconds None then."""
+def _probe(path: str | Path | None, engine: UiEngine) -> tuple[float | None, bool, str]:
+    """(seconds, silent, problem) of an upload: its bytes and duration checked against the engine's limits
+    from the header first, then read window by window (an upload of any length costs a window's memory).
+    `problem` is what to tell the user (never a server path), seconds None then."""
     if path is None or str(path).strip() == "":
         return None, False, "Upload or record an audio clip first."
+    energy_threshold = engine.streaming.energy_threshold
     try:
         reader = AudioFileReader(path)
     except AudioLoadError as exc:
         return None, False, f"Cannot use this file: {_private(str(exc), path)}"
+    try:
+        engine.limits.check_upload_file(path)
+    except LimitExceeded as exc:
+        reader.close()
+        return None, False, f"Cannot use this file: {exc}."
     window = int(WINDOW_SECONDS * SAMPLE_RATE)
     try:
         silent = all(is_silent(reader.window(start, window), energy_threshold)
@@ -97,7 +109,7 @@ def _file_stats(transcript, audio_s: float, wall_s: float) -> dict:
 def transcribe_file(engine: UiEngine, path: str | Path | None, mode: str, temperature: float,
                     language: str = "auto") -> FileOutcome:
     """Transcribe one uploaded/recorded clip with segment timestamps and downloadable subtitles."""
-    audio_s, silent, problem = _probe(path, engine.streaming.energy_threshold)
+    audio_s, silent, problem = _probe(path, engine)
     if audio_s is None:
         return FileOutcome(message=problem)
     try:
@@ -174,7 +186,7 @@ class CompareOutcome:
 def compare_modes(engine: UiEngine, path: str | Path | None, reference: str | None,
                   temperature: float) -> CompareOutcome:
     """Decode one clip with exact, sigmoid and baseline (same seed) and line the results up."""
-    audio_s, silent, problem = _probe(path, engine.streaming.energy_threshold)
+    audio_s, silent, problem = _probe(path, engine)
     if audio_s is None:
         return CompareOutcome(message=problem)
     if not engine.has_draft:
