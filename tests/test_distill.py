@@ -27,7 +27,7 @@ from asr_app.distill.export import embed_sha256
 from asr_app.distill.loss import kl_top_k
 from asr_app.distill.options import RUNTIME_DRAFT_VOCAB
 from asr_app.distill.pipeline import Reporter, distill
-from asr_app.models import load_pair
+from asr_app.models import derive_draft, load_pair
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -65,7 +65,9 @@ def workspace(tmp_path_factory):
         (root / name).mkdir()
         for clip in clips:
             shutil.copy(clip, root / name / clip.name)
-    save_target(random_target(), root / "target")
+    target = random_target()
+    save_target(target, root / "target")
+    derive_draft(target, (1, 2)).save_pretrained(root / "baseline")  # another draft to measure beside ours
     return root
 
 
@@ -86,7 +88,8 @@ def cli_run(workspace):
     argv = ["--target", str(ws / "target"), "--audio", str(ws / "train"), "--eval-audio", str(ws / "held"),
             "--out", str(ws / "draft"), "--cache", str(ws / "cache"), "--device", "cpu", "--threads", "1",
             "--steps", "16", "--batch-size", "4", "--lr", "3e-3", "--min-lr", "3e-4", "--warmup", "2",
-            "--max-new-tokens", str(MAX_TOKENS), "--keep-capped", "--gammas", "1,3", "--quiet"]
+            "--max-new-tokens", str(MAX_TOKENS), "--keep-capped", "--gammas", "1,3", "--quiet",
+            "--baseline-draft", str(ws / "baseline")]
     code = cli.main(argv)
     return code, ws / "draft"
 
@@ -107,6 +110,10 @@ def test_distillation_learns(cli_run):
     assert train["final"]["agreement"] > train["first"]["agreement"], train
     assert (out / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "teacher-forced agreement" in (out / "README.md").read_text()
+    base = ev["baseline"]  # the other draft, on the same clips
+    assert base["draft"].endswith("baseline") and base["decoder"]["identical"] == 2
+    assert base["final"]["positions"] == ev["final"]["positions"] and f"baseline `{base['draft']}`" in (
+        out / "README.md").read_text()
 
 
 def test_draft_loads_with_draft_dir_and_decodes_like_the_target(cli_run, workspace):
@@ -244,6 +251,9 @@ def test_bad_input_gets_one_clear_line(workspace, cli_run, capsys, monkeypatch):
     code, err = run_cli(capsys, *common, "--audio", str(ws / "train"), "--out", str(ws / "o6"), "--tasks",
                         "transcribe,translate")
     assert code == 2 and "English-only: it cannot translate" in err
+    code, err = run_cli(capsys, *common, "--audio", str(ws / "train"), "--out", str(ws / "o7"), "--baseline-draft",
+                        "bundled")
+    assert code == 2 and "distilled from Whisper tiny.en" in err and not (ws / "o7").exists()
     code, err = run_cli(capsys, *common, "--audio", str(ws / "train"), "--out", str(ws / "o3"), "--resume")
     assert code == 2 and "nothing to resume" in err
     code, err = run_cli(capsys, *common, "--audio", str(ws / "train"), "--out", str(cli_run[1]))
@@ -340,7 +350,7 @@ def test_every_command_line_option_reaches_the_options():
               "checkpoint_minutes": ["--checkpoint-minutes", "1"], "checkpoint_steps": ["--checkpoint-steps", "10"],
               "gammas": ["--gammas", "2,4"], "eval_max_clips": ["--eval-max-clips", "3"],
               "eval_timestamps": ["--eval-timestamps"], "eval_task": ["--eval-task", "translate"],
-              "no_speed": ["--no-speed"]}
+              "no_speed": ["--no-speed"], "baseline_draft": ["--baseline-draft", "bundled"]}
     dests = {a.dest for a in parser._actions if a.dest != "help"}
     assert dests - set(probes) == {"threads", "quiet"}
     default = cli.options_from_args(parser.parse_args(base))

@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-task", choices=("transcribe", "translate"), default="transcribe",
                    help="decode the held-out clips with this task (translate: a multilingual target)")
     g.add_argument("--no-speed", action="store_true", help="do not report the exact/off timing")
+    g.add_argument("--baseline-draft", default=None, metavar="DRAFT",
+                   help="also measure this draft on the held-out clips: bundled (the shipped tiny.en draft) or a folder")
     return p
 
 
@@ -100,7 +102,8 @@ def options_from_args(args: argparse.Namespace) -> DistillOptions:
                          audio_view=args.audio_view, seed=args.seed, checkpoint_minutes=args.checkpoint_minutes,
                          checkpoint_steps=args.checkpoint_steps)
     evaluation = EvalOptions(gammas=args.gammas, timestamps=args.eval_timestamps, task=args.eval_task,
-                             speed=not args.no_speed, max_clips=args.eval_max_clips)
+                             speed=not args.no_speed, max_clips=args.eval_max_clips,
+                             baseline_draft=args.baseline_draft)
     return DistillOptions(target=args.target, audio=tuple(args.audio), out=args.out, eval_audio=tuple(args.eval_audio),
                           holdout=args.holdout, cache=args.cache, device=args.device,
                           dtype=None if args.dtype == "auto" else args.dtype, resume=args.resume, teacher=teacher,

@@ -21,26 +21,35 @@ def _num(value, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _decoder_lines(decoder: dict, name: str) -> list[str]:
+    lines = [f"{name}: greedy `exact` identical to `off` on {decoder['identical']} of {decoder['clips']} clips."]
+    if decoder.get("speedup"):
+        lines.append(f"{name}: `exact` (cost-aware gamma) against `off`, end to end over the clips: "
+                     f"{decoder['speedup']:.2f}x ({decoder['off_s']:.1f} s vs {decoder['exact_s']:.1f} s).")
+    for language, row in decoder.get("by_language", {}).items():
+        lines.append(f"- {language}: {row['clips']} clips, acceptance {_pct(row['acceptance'])}, "
+                     f"{row['tokens_per_call']:.2f} tokens per target call")
+    return lines
+
+
 def _evaluation_lines(card: dict) -> list[str]:
     ev = card.get("evaluation") or {}
     if not ev:
         return ["No held-out audio was given (`--eval-audio`, or `--holdout` > 0): nothing was measured."]
+    base = ev.get("baseline") or {}
+    name = f"baseline `{base['draft']}`" if base else "baseline"
     lines = [f"Held-out audio never trained on: {ev['clips']} clips, {ev['hours'] * 60:.1f} min.", "",
-             "| metric | untrained (target layers) | this draft |", "|---|---|---|"]
-    before, after = ev.get("initial") or {}, ev.get("final") or {}
-    lines.append(f"| teacher-forced agreement | {_pct(before.get('agreement'))} | {_pct(after.get('agreement'))} |")
-    lines.append(f"| KL to the teacher (top-k + rest) | {_num(before.get('kl'), 3)} | {_num(after.get('kl'), 3)} |")
-    decoder = ev.get("decoder")
-    if decoder:
-        for gamma, value in decoder["tokens_per_call"].items():
-            lines.append(f"| tokens per target call, gamma {gamma} | | {_num(value)} |")
-        lines += ["", f"Greedy `exact` identical to `off`: {decoder['identical']} of {decoder['clips']} clips."]
-        if decoder.get("speedup"):
-            lines.append(f"`exact` (cost-aware gamma) against `off`, end to end over the clips: "
-                         f"{decoder['speedup']:.2f}x ({decoder['off_s']:.1f} s vs {decoder['exact_s']:.1f} s).")
-        for language, row in decoder.get("by_language", {}).items():
-            lines.append(f"- {language}: {row['clips']} clips, acceptance {_pct(row['acceptance'])}, "
-                         f"{row['tokens_per_call']:.2f} tokens per target call")
+             f"| metric | untrained (target layers) | this draft | {name} |", "|---|---|---|---|"]
+    before, after, other = ev.get("initial") or {}, ev.get("final") or {}, base.get("final") or {}
+    for label, key, show in (("teacher-forced agreement", "agreement", _pct), ("KL to the teacher (top-k + rest)",
+                                                                              "kl", lambda v: _num(v, 3))):
+        lines.append(f"| {label} | {show(before.get(key))} | {show(after.get(key))} | {show(other.get(key))} |")
+    calls = (base.get("decoder") or {}).get("tokens_per_call", {})
+    for gamma, value in ev["decoder"]["tokens_per_call"].items():
+        lines.append(f"| tokens per target call, gamma {gamma} | | {_num(value)} | {_num(calls.get(gamma))} |")
+    lines += ["", *_decoder_lines(ev["decoder"], "this draft")]
+    if base:
+        lines += _decoder_lines(base["decoder"], name)
     return lines
 
 
@@ -60,7 +69,9 @@ def render_markdown(card: dict) -> str:
         "## Training", "",
         f"{train['steps']} steps in {train['seconds'] / 60:.1f} min on {card['device']} (teacher pass "
         f"{teacher['seconds'] / 60:.1f} min: {teacher['computed']} clips labelled, {teacher['reused']} from the cache).",
-        f"Last step: loss {train['final']['loss']:.3f}, agreement {_pct(train['final']['agreement'])}.", "",
+        f"First {train['first']['steps']} steps: loss {train['first']['loss']:.3f}, agreement "
+        f"{_pct(train['first']['agreement'])}; last {train['final']['steps']}: loss {train['final']['loss']:.3f}, "
+        f"agreement {_pct(train['final']['agreement'])} (training batches, teacher-forced).", "",
         "## Evaluation", "", *_evaluation_lines(card), "",
         f"`{CARD_JSON}` holds every figure and option; `{PLOT}` shows loss and agreement per step.",
     ]

@@ -123,6 +123,7 @@ class EvalOptions:
     task: str = "transcribe"           # or translate (a multilingual target)
     speed: bool = True                 # also time exact against off end to end (the cost-aware gamma)
     max_clips: int | None = None       # at most this many held-out clips (None: all)
+    baseline_draft: str | None = None  # another draft measured beside the new one ("bundled" or a folder)
 
     def __post_init__(self) -> None:
         if any(g < 1 for g in self.gammas):

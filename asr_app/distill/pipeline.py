@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -34,7 +35,9 @@ from asr_app.distill.student import build_student, default_layers, head_weight
 from asr_app.distill.teacher import Teacher, target_fingerprint
 from asr_app.distill.train import StepLog, Trainer, TrainResult
 from asr_app.models import ct2
+from asr_app.models.bundled import load_bundled_draft
 from asr_app.models.loading import ModelPair, load_pair
+from asr_app.models.presets import BUNDLED
 from asr_app.runtime.vocab import TokenSpace, draft_vocabulary
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
@@ -225,6 +228,7 @@ class _Run:
     examples: list[LabelInfo] = field(default_factory=list)
     held_examples: list[LabelInfo] = field(default_factory=list)
     capped: int = 0
+    baseline: WhisperForCausalLM | None = None   # another draft measured on the same held-out clips
 
 
 def distill(options: DistillOptions, report: Reporter | None = None, command: str = "") -> DistillResult:
@@ -238,11 +242,13 @@ def distill(options: DistillOptions, report: Reporter | None = None, command: st
     identity = _identity(options, data, target_fingerprint(pair.target))
     if options.resume:
         _check_resumable(file, identity)
+    spec = options.evaluation.baseline_draft
+    baseline = load_baseline(spec, pair) if spec else None
     options.out.mkdir(parents=True, exist_ok=True)
     file.write(identity, "teacher pass")
     cache = TeacherCache(options.cache or default_cache_root(), identity["target"], options.teacher.cache_key(),
                          pair.target_name)
-    run = _Run(options, report or Reporter(), command, file, data, pair, identity, cache)
+    run = _Run(options, report or Reporter(), command, file, data, pair, identity, cache, baseline=baseline)
     run.teacher = teacher_pass(pair, cache, data.train + data.held, options, run.report)
     run.examples, run.capped = _examples(cache, data.train, options.teacher.keep_capped)
     if not run.examples:
@@ -274,6 +280,11 @@ def _train_and_write(run: _Run) -> DistillResult:
     evaluation = None
     if run.held_examples:
         evaluation = {"initial": asdict(initial), **_evaluate(run, exported, measure(student, run.held_examples))}
+        if run.baseline is not None:
+            baseline = copy.deepcopy(run.baseline).float()
+            measured = measure(baseline, run.held_examples, head=head_weight(baseline, head.ids))
+            evaluation["baseline"] = {"draft": options.evaluation.baseline_draft,
+                                      **_evaluate(run, run.baseline, measured)}
     card = _card(run, result, evaluation)
     history = result.history
     cards.plot_history(options.out / cards.PLOT, [h.step for h in history], [h.loss for h in history],
@@ -284,8 +295,8 @@ def _train_and_write(run: _Run) -> DistillResult:
     return DistillResult(options.out, card, result, run.teacher, run.cache.folder, student)
 
 
-def _evaluate(run: _Run, exported, final) -> dict:
-    """The teacher-forced figures `final`, and the exported draft in the decoder, on the held-out clips."""
+def _evaluate(run: _Run, draft, teacher_forced_figures) -> dict:
+    """The teacher-forced figures given, and `draft` in the decoder, on the held-out clips."""
     options = run.options
     held = [c for c in run.data.held if run.cache.valid(c.key)]  # those the teacher pass could read
     run.report.message(f"evaluating on {len(held)} held-out clips")
@@ -293,9 +304,20 @@ def _evaluate(run: _Run, exported, final) -> dict:
     read = ClipReader()
     audio = [read(c) for c in clips]
     names = [f"{c.path.name}#{c.window}" for c in clips]
-    decoder = in_decoder(run.pair, exported, audio, names, options.evaluation, options.teacher.max_new_tokens)
-    return {"clips": len(held), "hours": sum(c.seconds for c in held) / 3600, "final": asdict(final),
+    decoder = in_decoder(run.pair, draft, audio, names, options.evaluation, options.teacher.max_new_tokens)
+    return {"clips": len(held), "hours": sum(c.seconds for c in held) / 3600, "final": asdict(teacher_forced_figures),
             "decoder": {**asdict(decoder), "speedup": decoder.speedup}}
+
+
+def load_baseline(spec: str, pair: ModelPair) -> WhisperForCausalLM:
+    """Another draft to measure beside the new one: "bundled" (the shipped tiny.en draft) or a folder."""
+    if spec == BUNDLED:
+        return load_bundled_draft(pair.target)
+    try:
+        draft = WhisperForCausalLM.from_pretrained(spec, dtype=pair.dtype)
+    except (OSError, ValueError) as exc:
+        raise DistillError(f"the baseline draft '{spec}' cannot be loaded: {str(exc).splitlines()[0][:200]}") from exc
+    return draft.to(pair.device).eval()
 
 
 def _mean_log(logs: list[StepLog]) -> dict:
@@ -321,7 +343,7 @@ def _card(run: _Run, result: TrainResult, evaluation: dict | None) -> dict:
                    "vocab": target.config.vocab_size, "d_model": target.config.d_model,
                    "decoder_layers": target.config.decoder_layers},
         "command": run.command, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "device": f"cpu ({torch.get_num_threads()} threads)" if device.type == "cpu" else str(device),
+        "device": f"cpu, {torch.get_num_threads()} torch thread(s)" if device.type == "cpu" else str(device),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "data": _data_card(run),
         "teacher": {**asdict(options.teacher), "variants": [v.name for v in options.teacher.variants()],
