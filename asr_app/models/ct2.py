@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import mmap
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from transformers import (
     WhisperTokenizer,
 )
 
+from asr_app.models import offline
 from asr_app.models.device import resolve_device, resolve_dtype
 from asr_app.models.errors import ModelLoadError
 
@@ -122,8 +124,9 @@ class _Reader:
         return np.frombuffer(self.buf, dtype=dtype, count=count, offset=start).copy()
 
 
-def read_model_bin(path: str | Path) -> Ct2Checkpoint:
-    """Parse a CTranslate2 ``model.bin`` (or the directory holding it)."""
+def read_model_bin(path: str | Path, check: Callable[[mmap.mmap], None] | None = None) -> Ct2Checkpoint:
+    """Parse a CTranslate2 ``model.bin`` (or the directory holding it). `check(buffer)` sees the mapped
+    bytes before they are parsed (the packaged models' SHA-256, models/offline.py)."""
     path = Path(path)
     if path.is_dir():
         path = path / CT2_MODEL_FILE
@@ -133,6 +136,8 @@ def read_model_bin(path: str | Path) -> Ct2Checkpoint:
         if path.stat().st_size == 0:
             raise _load_error(path, "file is empty")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            if check is not None:
+                check(buf)
             return _parse(path, buf)
 
 
@@ -487,6 +492,22 @@ def _load_processor(model_dir: Path, num_mel_bins: int, tokenizer):
     return WhisperProcessor(feature_extractor=WhisperFeatureExtractor(**settings), tokenizer=tokenizer)
 
 
+def _packaged_check(model_dir: Path) -> Callable[[mmap.mmap], None] | None:
+    """For a folder of the offline/multilingual extras: its small files are checked now, before they are read,
+    and the returned check compares model.bin's mapped bytes with the SHA-256 kept in our package."""
+    known = offline.packaged_digests(model_dir)
+    if known is None:
+        return None
+    package, digests = known
+    offline.verify(package, model_dir, [n for n in digests if n != CT2_MODEL_FILE], digests)
+
+    def check(buf: mmap.mmap) -> None:
+        if offline.sha256_of(buf) != digests[CT2_MODEL_FILE]:
+            raise offline.mismatch(package, CT2_MODEL_FILE, model_dir)
+
+    return check
+
+
 def load_ct2_whisper(path: str | Path, dtype: torch.dtype | str | None = None, device: str | torch.device = "cpu"):
     """Load a CTranslate2 Whisper directory as ``(WhisperForConditionalGeneration, WhisperProcessor)``.
 
@@ -500,7 +521,7 @@ def load_ct2_whisper(path: str | Path, dtype: torch.dtype | str | None = None, d
         raise _load_error(model_dir, f"not a CTranslate2 model directory (no {CT2_MODEL_FILE})")
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
-    state, dims = whisper_state_dict(read_model_bin(model_dir / CT2_MODEL_FILE))
+    state, dims = whisper_state_dict(read_model_bin(model_dir / CT2_MODEL_FILE, _packaged_check(model_dir)))
     tokenizer = _load_tokenizer(model_dir, dims["vocab_size"])
     config, generation = _build_configs(model_dir, dims, tokenizer)
     processor = _load_processor(model_dir, dims["num_mel_bins"], tokenizer)
