@@ -286,7 +286,7 @@ class SpeculativeDecoder:
             ws = self._workspaces[key] = Workspace(
                 self.target_runtime.new_state(encoder_hidden),
                 self.draft_runtime.new_state(draft_hidden) if draft_hidden is not None else None,
-                StepRunner(self.graph_mode, self.max_positions))
+                StepRunner(self.graph_mode, self.max_positions, self.runtime.max_graphs))
             return ws
         self.target_runtime.load_encoder(ws.target, encoder_hidden)
         if ws.draft is not None:

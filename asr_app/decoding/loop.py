@@ -43,11 +43,11 @@ import torch
 from asr_app.decoding.hints import HintTracker
 from asr_app.decoding.options import SPECULATIVE_MODES, DecodingOptions, DecodingStats
 from asr_app.decoding.rules import RuleState
-from asr_app.decoding.steps import Steps, no_speech_probability, state_tensors
+from asr_app.decoding.steps import Steps, no_speech_probability, rules_count, state_tensors
 
-# Shapes captured in CUDA graphs (each graph keeps its own memory, so only shapes that recur): a step's
-# proposals (the gamma policy's at most 12; longer hint steps run eagerly) and a prompt without previous
-# text (<|startoftranscript|>, language, task, <|notimestamps|>).
+# Shapes captured in CUDA graphs (a workspace keeps at most RuntimeOptions.max_graphs, so only shapes that
+# recur): a step's proposals (the gamma policy's at most 12; longer hint steps run eagerly) and a prompt
+# without previous text (<|startoftranscript|>, language, task, <|notimestamps|>).
 MAX_CAPTURED_PROPOSALS = 16
 MAX_CAPTURED_PROMPT = 4
 
@@ -167,7 +167,7 @@ class SpeculativeLoop:
             length, first = ids.shape[1], b.generated + j == 0  # the rules differ before the first token
             out = self.runner.run(("draft", batch, length, first, *steps.key), steps.draft_step, tensors,
                                   ws.draft.length, length, capturable=length <= (MAX_CAPTURED_PROMPT if first else 2),
-                                  generated=b.generated + j)
+                                  generated=rules_count(b.generated + j))
             ws.draft.length += length
             token = out["token"] if self.eager else out["token"].clone()  # a graph's outputs are reused
             tokens.append(token)
@@ -238,8 +238,8 @@ class SpeculativeLoop:
 
     def _replays_target(self, mode: str, gamma: int, pending: int) -> bool:
         """Whether this target step is captured: with graphs, unless the verification draws from a generator
-        (baseline sampling) or is profiled, and only for shapes that recur (graphs are kept per shape, each
-        with its own memory): up to MAX_CAPTURED_PROPOSALS proposals (a long hint runs eagerly) and, for the
+        (baseline sampling) or is profiled, and only for shapes that recur (graphs are kept per shape, a
+        bounded number): up to MAX_CAPTURED_PROPOSALS proposals (a long hint runs eagerly) and, for the
         prompt's step, a prompt without previous text."""
         opts = self.opts
         return (not self.eager and not opts.profile_verify and not (mode == "baseline" and opts.temperature > 0)
@@ -257,7 +257,7 @@ class SpeculativeLoop:
         else:
             key = ("target", ids.shape[0], length, gamma, mode, *steps.key)
             out = self.runner.run(key, steps.target_step, tensors, start, length, proposals=gamma,
-                                  generated=b.generated, mode=mode)
+                                  generated=rules_count(b.generated), mode=mode)
         ws.target.length = start + length
         self.timings.target_s += self.timings.lap()
         return out

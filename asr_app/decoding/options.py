@@ -55,6 +55,9 @@ class RuntimeOptions:
     draft_vocab: int | None = DEFAULT_DRAFT_VOCAB  # token ids the draft's output head scores; None: all
     cuda_graphs: GraphSetting = "auto"   # auto: captured steps on a GPU, eager elsewhere; emulate: for tests
     max_workspaces: int = 4              # batch sizes whose caches and graphs stay allocated (graphs only)
+    # Captured steps each workspace keeps (graphs only; the least recently used goes to make room): keys
+    # multiply by batch x gamma x mode x temperature x timestamps. runtime.graphs.DEFAULT_MAX_GRAPHS.
+    max_graphs: int = 64
     # Projection weights pre-packed for oneDNN on a CPU in fp32 (runtime.ops.pack), and the encoder's attention
     # through oneDNN (runtime.ops.full_attention): a faster encoder and output layer, for a second copy of the
     # encoder's and decoders' matrices in memory. False: PyTorch's own products on the models' own weights.
@@ -86,6 +89,8 @@ class RuntimeOptions:
                              f"got {self.draft_matmul_dtype!r}")
         if self.draft_audio_margin_s is not None and not self.draft_audio_margin_s >= 0:
             raise ValueError(f"draft_audio_margin_s must be >= 0 seconds or None, got {self.draft_audio_margin_s}")
+        if self.max_graphs < 1:
+            raise ValueError(f"max_graphs must be >= 1, got {self.max_graphs}")
         if self.draft_vocab is not None and self.draft_vocab < 1:
             raise ValueError(f"draft_vocab must be a positive token count or None, got {self.draft_vocab}")
 

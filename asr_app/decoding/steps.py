@@ -45,6 +45,14 @@ def no_speech_probability(sot_logits: torch.Tensor, no_speech_id: int) -> torch.
     return torch.softmax(sot_logits.float(), dim=-1)[:, no_speech_id]
 
 
+def rules_count(generated: int) -> int:
+    """The generated-token count a captured step is given: 0 or 1. Whisper's rules only ask whether a token
+    was generated yet (the blank and EOS at the start, the first timestamp, a timestamp pair's first half),
+    and the steps are keyed apart at 0 (`first`); the count itself stays on the host. Passing it whole would
+    bake one step's count into a graph that every later step replays (StepRunner refuses that)."""
+    return min(generated, 1)
+
+
 def rule_state(generated: int, last_is_ts, penult_is_ts, last_ts) -> RuleState:
     return RuleState(generated, last_is_ts, penult_is_ts, last_ts)
 

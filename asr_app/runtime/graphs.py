@@ -9,7 +9,8 @@ that each replay refills. Three modes:
 - `eager`: call the function (CPU, or `--no-cuda-graphs`).
 - `cuda`: capture it in a CUDA graph on first use of a key (after two warm-up calls on a side stream,
   which also compile the Triton kernels), then per call copy the inputs into the graph's own tensors,
-  fill the position, replay. The outputs are the graph's tensors: valid until the next call of the key.
+  fill the position, replay. The outputs are the graph's tensors: valid until the runner's next captured
+  call, of any key (its graphs share one memory pool; `StepRunner`).
 - `emulate`: the same static-input, static-output discipline without a GPU, with every host
   synchronisation a capture cannot hold made to raise while the function runs (`no_host_reads`). Tests
   use it to prove on a CPU that a step is capture-safe (a host read inside a captured region fails capture
@@ -22,7 +23,9 @@ replay that follows, because the inputs are already loaded.
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -33,6 +36,10 @@ from asr_app.runtime.ops import visible_keys
 
 GraphMode = Literal["eager", "cuda", "emulate"]
 StepFn = Callable[..., dict[str, torch.Tensor]]
+# Captured keys a workspace keeps; beyond it the least recently used goes (a recapture costs two warm-up
+# calls and a capture). Counted on the real tiny.en pair, batch 1, 3 clips: one mode with timestamps on and
+# off at T = 0 and 0.6 makes 39 keys (drafts, prompt steps, target steps at gammas 1-13); all four modes so, 95.
+DEFAULT_MAX_GRAPHS = 64
 
 
 class HostReadError(RuntimeError):
@@ -117,6 +124,31 @@ def no_host_reads() -> Iterator[None]:
         yield
 
 
+class BakedValueError(RuntimeError):
+    """A captured step was called again under its key with a different plain (non-tensor) argument: the
+    graph would replay the value it was captured with."""
+
+
+@dataclass
+class GraphStats:
+    """What a StepRunner holds and has done: captured keys now (at most `max_graphs`), captures, evictions."""
+
+    graphs: int
+    max_graphs: int
+    captures: int
+    evictions: int
+
+
+def _poison_(t: torch.Tensor) -> None:
+    """Overwrite a tensor with values no step produces, as another graph's replay may in a shared pool."""
+    if t.dtype == torch.bool:
+        t.logical_not_()
+    elif t.is_floating_point():
+        t.fill_(float("nan"))
+    else:
+        t.fill_(-987_654_321 if t.dtype in (torch.int32, torch.int64) else 0)
+
+
 class _Captured:
     """One step function captured for one key: static inputs, a position scalar, static outputs."""
 
@@ -138,7 +170,7 @@ class _Captured:
         return self.fn(positions=positions, span=self.max_positions,
                        mask=visible_keys(positions, self.max_positions), **self.inputs, **self.static)
 
-    def _capture(self) -> None:
+    def _capture(self, pool) -> None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -146,18 +178,19 @@ class _Captured:
                 self._body()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        # Each graph gets its own memory pool (graphs of different keys never alias each other), and the
-        # capture ignores other threads' CUDA work (the web app serves several sessions).
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+        # The workspace's graphs share one memory pool (its replays run one after another on one stream, so
+        # one graph's temporaries may reuse another's), and the capture ignores other threads' CUDA work
+        # (the web app serves several sessions).
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             self.outputs = self._body()
 
-    def run(self, tensors: dict[str, torch.Tensor], start: int) -> dict[str, torch.Tensor]:
+    def run(self, tensors: dict[str, torch.Tensor], start: int, pool=None) -> dict[str, torch.Tensor]:
         for name, t in tensors.items():
             self.inputs[name].copy_(t)
         self.start.fill_(start)
         if self.mode == "cuda":
             if self.graph is None:
-                self._capture()
+                self._capture(pool)
             self.graph.replay()
             return self.outputs
         with no_host_reads():
@@ -171,19 +204,37 @@ class _Captured:
 
 
 class StepRunner:
-    """Runs step functions in one of the three modes; holds the captured steps of one workspace."""
+    """Runs step functions in one of the three modes; holds the captured steps of one workspace: at most
+    `max_graphs` keys, the least recently used one dropped to make room (`stats()` reports them), all
+    capturing into one memory pool.
 
-    def __init__(self, mode: GraphMode, max_positions: int) -> None:
+    A shared pool narrows what the caller may assume: a step's outputs are valid until the next call of
+    *any* captured key of the runner, not only of its own key (another graph's replay may write its
+    temporaries there). Emulation enforces it by overwriting the previous key's outputs with garbage when
+    another key runs."""
+
+    def __init__(self, mode: GraphMode, max_positions: int, max_graphs: int = DEFAULT_MAX_GRAPHS) -> None:
+        if max_graphs < 1:
+            raise ValueError(f"max_graphs must be >= 1, got {max_graphs}")
         self.mode = mode
         self.max_positions = max_positions
-        self.captured: dict[tuple, _Captured] = {}
+        self.max_graphs = max_graphs
+        self.captured: OrderedDict[tuple, _Captured] = OrderedDict()
+        self.captures = self.evictions = 0
+        self.pool = None  # the CUDA graphs' shared memory pool, made at the first capture
+        self._last: _Captured | None = None
+
+    def stats(self) -> GraphStats:
+        return GraphStats(len(self.captured), self.max_graphs, self.captures, self.evictions)
 
     def run(self, key: tuple, fn: StepFn, tensors: dict[str, torch.Tensor], start: int, length: int,
             capturable: bool = True, **static):
         """fn over L = `length` new tokens at positions start..start+L-1. `static`: plain arguments a
         captured step bakes in. `key` must name everything a capture bakes in besides the tensors' values
-        (shapes, which tensors are given, mode, temperature...); `capturable=False` runs fn eagerly
-        whatever the mode (the prompt's step, and shapes not worth a graph)."""
+        (shapes, which tensors are given, mode, temperature...), and `static` must be the same at every call
+        of a key (BakedValueError otherwise: pass a per-step value as a tensor, or only the part of it the
+        step depends on, keyed); `capturable=False` runs fn eagerly whatever the mode (the prompt's step,
+        and shapes not worth a graph)."""
         if start + length > self.max_positions:
             raise ValueError(f"{start + length} tokens exceed the decoder's {self.max_positions} positions")
         if self.mode == "eager" or not capturable:
@@ -192,7 +243,33 @@ class StepRunner:
             span = start + length
             mask = None if length == 1 else visible_keys(positions, span)
             return fn(positions=positions, span=span, mask=mask, **tensors, **static)
+        step = self._step(key, fn, tensors, static, length)
+        if self.mode == "cuda" and self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        out = step.run(tensors, start, self.pool)
+        if self.mode == "emulate" and self._last is not None and self._last is not step and self._last.outputs:
+            for t in self._last.outputs.values():
+                _poison_(t)
+        self._last = step
+        return out
+
+    def _step(self, key: tuple, fn: StepFn, tensors, static: dict, length: int) -> _Captured:
         step = self.captured.get(key)
-        if step is None:
-            step = self.captured[key] = _Captured(fn, tensors, static, length, self.max_positions, self.mode)
-        return step.run(tensors, start)
+        if step is not None:
+            changed = sorted(name for name in static.keys() | step.static.keys()
+                             if static.get(name) != step.static.get(name))
+            if changed:
+                raise BakedValueError(
+                    f"step {key[0]!r} called with {', '.join(f'{n}={static.get(n)!r}' for n in changed)} under a "
+                    f"key captured with {', '.join(f'{n}={step.static.get(n)!r}' for n in changed)}: a graph "
+                    "would replay the captured value. Make it part of the key, or a tensor input")
+            self.captured.move_to_end(key)
+            return step
+        if len(self.captured) >= self.max_graphs:
+            dropped = self.captured.popitem(last=False)[1]  # the least recently used, with its graph
+            self.evictions += 1
+            if self._last is dropped:
+                self._last = None
+        self.captures += 1
+        step = self.captured[key] = _Captured(fn, tensors, static, length, self.max_positions, self.mode)
+        return step

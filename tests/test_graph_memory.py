@@ -1,0 +1,114 @@
+"""Captured steps hold bounded memory (runtime/graphs.StepRunner): at most `RuntimeOptions.max_graphs` keys per
+workspace, least recently used dropped, reported by `stats()`, one memory pool per workspace (emulated:
+another key's replay overwrites the previous key's outputs), and no per-step value baked into a graph
+without being part of its key. On the emulator, with tiny random Whisper models."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from test_decoding_greedy import make_pair, perturbed_copy, processor, tiny_target  # noqa: F401
+
+from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
+from asr_app.runtime.graphs import DEFAULT_MAX_GRAPHS, BakedValueError, StepRunner
+
+SOURCE_POSITIONS = 25  # a 50-frame window: the encoder costs nothing
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices: a second thread only waits
+
+
+def doubled(*, positions, span, mask, x, scale: float = 1.0) -> dict[str, torch.Tensor]:
+    return {"y": x * 2 * scale + positions.float().sum(), "flag": x > 0, "count": (x * 0).long() + 3}
+
+
+def test_the_runner_keeps_at_most_max_graphs_keys_dropping_the_least_recently_used():
+    runner = StepRunner("emulate", 8, max_graphs=2)
+    x = {"x": torch.ones(2)}
+    for key in ("a", "b", "a", "c"):  # "b" is the least recently used when "c" needs room
+        runner.run((key,), doubled, x, 0, 1)
+    assert list(runner.captured) == [("a",), ("c",)]
+    stats = runner.stats()
+    assert (stats.graphs, stats.max_graphs, stats.captures, stats.evictions) == (2, 2, 3, 1)
+    runner.run(("b",), doubled, x, 0, 1)  # captured again
+    assert runner.stats().captures == 4 and runner.stats().evictions == 2
+    with pytest.raises(ValueError, match="max_graphs"):
+        StepRunner("emulate", 8, max_graphs=0)
+    with pytest.raises(ValueError, match="max_graphs"):
+        RuntimeOptions(max_graphs=0)
+    assert RuntimeOptions().max_graphs == DEFAULT_MAX_GRAPHS
+
+
+def test_emulated_graphs_share_one_pool_so_outputs_last_until_the_next_replay_of_any_key():
+    runner = StepRunner("emulate", 8)
+    a = runner.run(("a",), doubled, {"x": torch.ones(2)}, 1, 1)
+    assert a["y"].tolist() == [3.0, 3.0] and a["flag"].all() and a["count"].tolist() == [3, 3]
+    b = runner.run(("b",), doubled, {"x": torch.ones(3)}, 0, 1)
+    assert b["y"].tolist() == [2.0, 2.0, 2.0]
+    # another key's replay may have reused a's memory: emulation overwrites it with values no step produces
+    assert a["y"].isnan().all() and not a["flag"].any() and (a["count"] < 0).all()
+    again = runner.run(("a",), doubled, {"x": torch.ones(2)}, 1, 1)
+    assert again["y"].tolist() == [3.0, 3.0] and b["y"].isnan().all()
+
+
+def test_a_plain_argument_that_changes_under_one_key_is_refused():
+    runner = StepRunner("emulate", 8)
+    runner.run(("a",), doubled, {"x": torch.ones(2)}, 0, 1, scale=1.0)
+    runner.run(("a",), doubled, {"x": torch.ones(2)}, 0, 1, scale=1.0)  # the same value: replayed
+    with pytest.raises(BakedValueError, match=r"scale=2\.0 under a key captured with scale=1\.0"):
+        runner.run(("a",), doubled, {"x": torch.ones(2)}, 0, 1, scale=2.0)
+    with pytest.raises(BakedValueError, match="scale"):
+        runner.run(("a",), doubled, {"x": torch.ones(2)}, 0, 1)  # left out: the captured value would replay
+    eager = StepRunner("eager", 8)  # nothing is captured eagerly, so nothing is baked
+    assert eager.run(("a",), doubled, {"x": torch.ones(2)}, 0, 1, scale=2.0)["y"].tolist() == [4.0, 4.0]
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(processor):  # noqa: F811
+    target = tiny_target(seed=0, source_positions=SOURCE_POSITIONS)
+    return make_pair(target, perturbed_copy(target, 0.05, seed=1), processor)
+
+
+def features(batch: int) -> torch.Tensor:
+    return torch.randn(batch, 80, 2 * SOURCE_POSITIONS, generator=torch.Generator().manual_seed(batch))
+
+
+def decoder(pair, graphs: str, max_graphs: int = DEFAULT_MAX_GRAPHS) -> SpeculativeDecoder:
+    return SpeculativeDecoder(pair, runtime=RuntimeOptions(draft_vocab=None, cuda_graphs=graphs, max_graphs=max_graphs,
+                                                           packed_weights=False))
+
+
+def test_the_generated_count_is_not_baked_into_a_graph(tiny_pair, monkeypatch):
+    # The loop gives captured steps only what they depend on of the count (rules_count: 0 or 1, keyed by
+    # `first`). Passing the raw count, as the loop did, would bake the capturing step's count into every replay.
+    import asr_app.decoding.loop as loop
+
+    opts = DecodingOptions(mode="exact", gamma=2, max_new_tokens=8, timestamps=True)
+    decoder(tiny_pair, "emulate").decode_features(features(1), opts)
+    monkeypatch.setattr(loop, "rules_count", lambda generated: generated)
+    with pytest.raises(BakedValueError, match="generated="):
+        decoder(tiny_pair, "emulate").decode_features(features(1), opts)
+
+
+def test_a_long_mixed_run_keeps_each_workspace_within_its_bound(tiny_pair):
+    # Batch sizes x modes x gammas x timestamps x temperatures, with a bound far below the keys the run makes:
+    # every workspace stays within it after every decode, and dropping and recapturing graphs changes no
+    # token (against eager decoding at T = 0, an unbounded emulated decoder at T > 0).
+    bound = 4
+    bounded, unbounded, eager = (decoder(tiny_pair, "emulate", bound), decoder(tiny_pair, "emulate", 10_000),
+                                 decoder(tiny_pair, "off"))
+    evictions = 0
+    configs = list(itertools.product((1, 3, 2), ("exact", "off", "sigmoid", "baseline"), (1, 3), (False, True)))
+    for i, (batch, mode, gamma, timestamps) in enumerate(configs[::2]):
+        temperature = 0.7 if i % 5 == 4 else 0.0
+        opts = DecodingOptions(mode=mode, gamma=gamma, timestamps=timestamps, temperature=temperature,
+                               max_new_tokens=6)
+        got = [r.tokens for r in bounded.decode_features(features(batch), opts)]
+        reference = eager if temperature == 0 else unbounded
+        assert got == [r.tokens for r in reference.decode_features(features(batch), opts)], (batch, mode, gamma)
+        stats = [ws.runner.stats() for ws in bounded._workspaces.values()]
+        assert all(s.graphs <= bound == s.max_graphs for s in stats)
+        assert len(stats) <= bounded.runtime.max_workspaces  # workspaces: per batch size, draft or not
+        evictions += sum(s.evictions for s in stats)
+    assert evictions > 0  # the bound was reached, and held
+    assert max(ws.runner.stats().graphs for ws in unbounded._workspaces.values()) > bound
