@@ -38,16 +38,18 @@ def gather_at_drafts(z: torch.Tensor, draft_tokens: torch.Tensor) -> torch.Tenso
     return z.gather(-1, ids[..., None])[..., 0]
 
 
-def inverse_cdf_sample(weights: torch.Tensor, fallback: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+def inverse_cdf_sample(weights: torch.Tensor, fallback: torch.Tensor | None, uniform: torch.Tensor) -> torch.Tensor:
     """One index per row from unnormalised non-negative ``weights`` [B, V] by inverse CDF.
 
     The cumulative sums run in float64 so that the Triton kernel (which sums tiles in a different
     order) lands on the same index except with probability ~1e-12. Index i is chosen when
     ``cdf[i-1] <= u * total < cdf[i]``, so a zero-weight token can never be chosen. A row whose
-    weights are all zero (a residual max(0, p - q) that vanished numerically) uses ``fallback``.
+    weights are all zero (a residual max(0, p - q) that vanished numerically) uses ``fallback``;
+    None: the caller has already made sure no row is empty (this saves a pass over the rows).
     """
-    empty = weights.sum(dim=-1, dtype=torch.float64) <= 0
-    weights = torch.where(empty[:, None], fallback, weights)  # no host read of `empty`: graph-safe
+    if fallback is not None:
+        empty = weights.sum(dim=-1, dtype=torch.float64) <= 0
+        weights = torch.where(empty[:, None], fallback, weights)  # no host read of `empty`: graph-safe
     cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)
     threshold = uniform.double() * cdf[:, -1]
     index = torch.searchsorted(cdf, threshold[:, None], right=True)[:, 0]
