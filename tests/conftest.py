@@ -23,6 +23,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The cost-aware gamma policy measures step costs, which vary with the machine's load; pinned here to the
 # tiny.en pair's costs on the 2-core development machine, so every test's gamma choices are repeatable.
+# The path users get (measured costs, acceptance learned across decodes) runs where it matters, with the
+# `learned_costs` fixture below: greedy identity at batch 1 and 3, timestamps, hints (test_learned_costs.py).
 os.environ.setdefault("ASR_APP_STEP_COSTS", "0.0019,0.0067,0.00105")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -71,6 +73,27 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def learned_costs(monkeypatch):
+    """The gamma path users get, for one test: step costs measured on this machine and acceptance learned
+    across a decoder's decodes (every other test runs with the costs pinned above). Decoders must be built
+    inside the test; the fixture's value checks that one of them took this path."""
+    from asr_app.decoding.costs import PINNED_ENV, costs_pinned
+    from asr_app.decoding.gamma import AcceptanceEstimate
+
+    pinned = tuple(float(v) for v in os.environ[PINNED_ENV].split(",")) if os.environ.get(PINNED_ENV) else None
+    monkeypatch.delenv(PINNED_ENV, raising=False)
+
+    def took_learned_path(decoder) -> None:
+        assert not costs_pinned()
+        costs = decoder._step_costs
+        assert costs is not None, "no decode of this decoder used the cost-aware policy"
+        assert (costs.draft, costs.target, costs.per_token) != pinned  # measured here, not the pinned ones
+        assert decoder._acceptance_memory.value != AcceptanceEstimate.PRIOR  # learned over the decodes
+
+    return took_learned_path
 
 
 @pytest.fixture(scope="session")

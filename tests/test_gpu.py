@@ -11,6 +11,12 @@ import pytest
 import torch
 from test_decoding_greedy import SPEC_MODES, load_clip
 from test_kernels_distribution import VOCAB, adversarial_pairs, chi_square_pvalue
+from token_lists import check_same_or_near_ties
+from transformers.generation.logits_process import (
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    WhisperTimeStampLogitsProcessor,
+)
 
 from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
 from asr_app.kernels import VerifyRandomness, draft_probs_from_logits, verify
@@ -41,30 +47,43 @@ def clips():
 NEAR_TIE = 0.25  # logits: fp16 rounds ~0.02 at Whisper's logit sizes, and a layer stack adds up such errors
 
 
-def target_logit_gap(pair, clip, timestamps: bool, prefix: list[int], a: int, b: int) -> float:
-    """|logit(a) - logit(b)| of the target after `prefix`, by transformers' own forward (an independent one)."""
+def target_logits_along(pair, clip, timestamps: bool, path: list[int]) -> torch.Tensor:
+    """The target's logits after each prefix of `path` ([len(path) + 1, vocab]), by transformers' own forward
+    (an independent one) and Whisper's rules as transformers applies them (forbidden tokens at -inf)."""
     gc = pair.target.generation_config
     prompt = [gc.decoder_start_token_id] + ([] if timestamps else [gc.no_timestamps_token_id])
+    begin = len(prompt)
+    rules = [SuppressTokensAtBeginLogitsProcessor(gc.begin_suppress_tokens, begin),
+             SuppressTokensLogitsProcessor(gc.suppress_tokens)]
+    if timestamps:
+        rules.append(WhisperTimeStampLogitsProcessor(gc, begin_index=begin))
     feats = pair.processor.feature_extractor(clip, sampling_rate=16_000, return_tensors="pt").input_features
-    ids = torch.tensor([prompt + prefix], device=pair.device)
-    logits = pair.target(input_features=feats.to(pair.device, pair.dtype), decoder_input_ids=ids).logits[0, -1]
-    return float((logits[a].float() - logits[b].float()).abs())
+    ids = torch.tensor([prompt + list(path)], device=pair.device)
+    with torch.inference_mode():
+        logits = pair.target(input_features=feats.to(pair.device, pair.dtype), decoder_input_ids=ids).logits[0]
+    rows = []
+    for j in range(len(path) + 1):
+        scores = logits[begin - 1 + j : begin + j].float().clone()
+        for rule in rules:
+            scores = rule(ids[:, : begin + j], scores)
+        rows.append(scores[0])
+    return torch.stack(rows)
 
 
 def assert_same_or_near_tie(pair, batch, timestamps, got: list[list[int]], expected: list[list[int]], what,
-                            any_dtype: bool = False):
+                            any_dtype: bool = False, max_new_tokens: int = DecodingOptions.max_new_tokens):
     """Equal token lists; in fp16, where the order of a sum depends on how many tokens a step scores, a
     list may instead part from the reference where the target's two candidates are within NEAR_TIE (in any
-    dtype with `any_dtype`: two different kernels for the same products)."""
-    for row, (g, e) in enumerate(zip(got, expected)):
+    dtype with `any_dtype`: two different kernels for the same products), and from there on it is checked
+    against the target's own choices after its own prefix, to its end (tests/token_lists.py). Every
+    divergence is printed."""
+    eos = pair.target.generation_config.eos_token_id
+    for row, (g, e) in enumerate(zip(got, expected, strict=True)):
         if g == e:
             continue
-        assert any_dtype or pair.dtype == torch.float16, (what, row)
-        i = next((j for j, (x, y) in enumerate(zip(g, e)) if x != y), min(len(g), len(e)))
-        assert i < min(len(g), len(e)), (what, row, "one is a prefix of the other")
-        gap = target_logit_gap(pair, batch[row], timestamps, e[:i], g[i], e[i])
-        print(f"{what} row {row}: parts at token {i} ({g[i]} vs {e[i]}), target logit gap {gap:.3f}")
-        assert gap < NEAR_TIE, (what, row, i, gap)
+        check_same_or_near_ties(g, e, lambda path, row=row: target_logits_along(pair, batch[row], timestamps, path),
+                                eos, NEAR_TIE, f"{what} row {row}", may_differ=any_dtype or pair.dtype == torch.float16,
+                                got_ended=len(g) < max_new_tokens, expected_ended=len(e) < max_new_tokens)
 
 
 @torch.inference_mode()

@@ -78,9 +78,9 @@ def test_word_starts_match_transformers_on_real_clips(decoder, transformers_word
         result = decoder.decode(load_audio(path))[0]
         ours = [(w.word, w.start) for w in words_of(result)]
         diffs, count = matched_start_differences(ours, transformers_words[name])
-        assert len(diffs) >= 0.8 * count, (name, ours, transformers_words[name])
+        # most words of either transcript are matched (neither side's words missing), and there are words
+        assert len(diffs) >= 0.8 * max(count, len(transformers_words[name])) > 0, (name, ours, transformers_words[name])
         means[name] = float(np.mean(diffs))
-    assert len(means) >= 3
     assert all(m <= MAX_MEAN_START_DIFF_S for m in means.values()), means
 
 
