@@ -87,6 +87,8 @@ PROBES: dict[str, dict[str, list[str]]] = {
         "edge": ["H:--edge 0.6", "R:--policy alignatt --edge 0.6"],
         "input_device": ["H:=--input-device 2 | =", "R:--input-device 2"],
         "stats": ["H!:--stats"],
+        "server": ["H:--server ws://host:1", "R:--server ws://host:1 --policy alignatt"],  # asr-serve decodes
+        "api_key": ["H:--server ws://host:1 --api-key k | --server ws://host:1", "R:--api-key k"],
         "temperature": ["H:--temperature 0.4", "R:--temperature 0,0.5,1"],
         },
     E: {**MODEL_PROBES,
@@ -236,6 +238,14 @@ def recorder(monkeypatch):
         rec.put("source", ("file", Path(path).name, block_s, realtime)) or [np.zeros(1600, np.float32)] * 3))
     monkeypatch.setattr(stream_cli, "MicrophoneSource", lambda block_s, device: FakeMicrophone(block_s, device, rec))
     monkeypatch.setattr(stream_cli, "StreamingProcessor", lambda decoder, options: FakeProcessor(decoder, options, rec))
+
+    def stream_to_server(options, blocks, on_events):  # asr-stream --server URL
+        rec.put("remote", options)
+        for _ in blocks:
+            on_events(FakeProcessor(None, None, Recorder()).process())
+        return {"audio_s": 0.3}
+
+    monkeypatch.setattr(stream_cli, "stream_to_server", stream_to_server, raising=False)
     # asr-eval
     monkeypatch.setattr(eval_cli, "load_dataset", lambda name, data_dir, split, max_samples: (
         rec.put("dataset", (name, data_dir, split, max_samples)) or []))
