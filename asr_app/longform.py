@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ from asr_app.decoding.alignment import attach_words, shift_words
 from asr_app.decoding.options import DecodingOptions, DecodingResult, DecodingStats, Segment
 from asr_app.decoding.protocol import Decoder
 from asr_app.decoding.silence import LOGPROB_THRESHOLD, NO_SPEECH_THRESHOLD, judged_silent
-from asr_app.decoding.text import SECONDS_PER_TIMESTAMP
+from asr_app.decoding.text import SECONDS_PER_TIMESTAMP, compression_ratio
 from asr_app.transcript import Transcript
 from asr_app.vad import SpeechDetector
 
@@ -149,12 +148,6 @@ def split_window(tokens: list[int], timestamp_begin: int, window_s: float,
     if advance <= 0:  # never loop on the same window
         advance = window_s
     return segments, advance
-
-
-def compression_ratio(text: str) -> float:
-    """Bytes of `text` over bytes of its zlib compression: about 1-2 for speech, more for a repetition loop."""
-    data = text.encode("utf-8")
-    return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
 def needs_fallback(result: DecodingResult, options: TranscribeOptions) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -39,12 +40,15 @@ from asr_app.decoding.options import (
 from asr_app.decoding.prompt import Prompt, build_prompt, eos_token
 from asr_app.decoding.rules import RuleState, WhisperLogitRules
 from asr_app.decoding.steps import Steps, Workspace
-from asr_app.decoding.text import decode_text, split_segments
+from asr_app.decoding.text import compression_ratio, decode_text, split_segments
 from asr_app.runtime import DecoderRuntime, EncoderRuntime, StepRunner, draft_vocabulary
 from asr_app.runtime.allocator import keep_freed_memory
 
 # The window's last encoder frames stay in the draft's view however short the audio (see _draft_view).
 DRAFT_END_FRAMES = 16
+# A decode over a shortened encoder input whose text compresses better than this looped (openai/whisper's 2.4).
+LOOP_COMPRESSION_RATIO = 2.4
+MAX_TOKENS_PER_SECOND = 12   # ... or produced more tokens than speech has (about 3-6 a second, timestamps included)
 
 
 def draft_runtime(draft, head_ids: torch.Tensor | None, runtime: RuntimeOptions) -> DecoderRuntime:
@@ -177,7 +181,25 @@ class SpeculativeDecoder:
                                          [hints[i] for i in rows])
             for i, res in zip(rows, decoded):
                 results[i] = res
+        if opts.encoder_context_s is not None:
+            self._redo_lost_rows(results, feats, opts, prompts, windows, hints)
         return results  # type: ignore[return-value]
+
+    def _redo_lost_rows(self, results, feats, opts, prompts, windows, hints) -> None:
+        """Rows decoded over a shortened encoder input that went wrong (a repetition loop, a decode that ran to
+        the token limit, text placed past the audio: the end of the audio was not visible enough) are decoded
+        again over the whole window, so the option costs speed there, never a transcript."""
+        full = replace(opts, encoder_context_s=None)
+        for i, result in enumerate(results):
+            ends = [s.end for s in result.segments]
+            if (compression_ratio(result.text) > LOOP_COMPRESSION_RATIO
+                    or len(result.tokens) > MAX_TOKENS_PER_SECOND * windows[i] + 16
+                    or (ends and max(ends) > windows[i] + opts.encoder_context_s)):
+                redone = self._decode(feats[i : i + 1], full, [prompts[i]], [windows[i]], [hints[i]])[0]
+                redone.stats.context_retries = 1
+                redone.stats.encoder_s += result.stats.encoder_s
+                redone.stats.total_s += result.stats.total_s
+                results[i] = redone
 
     def _checked_hint(self, hint, index: int) -> list[int] | None:
         if hint is None:
@@ -253,6 +275,14 @@ class SpeculativeDecoder:
             return encoder_hidden, encoder_hidden.to(draft_dtype)
         return encoder_hidden, self.draft_encoder(feats.to(draft_dtype))
 
+    def _encoder_input(self, feats: torch.Tensor, opts: DecodingOptions, windows: Sequence[float]) -> torch.Tensor:
+        """The feature frames the encoder runs over: the batch's longest audio plus `encoder_context_s` of
+        padding (eager steps only), else the whole window."""
+        if opts.encoder_context_s is None or self.graph_mode != "eager":
+            return feats
+        frames = 2 * math.ceil((max(windows) + opts.encoder_context_s) * FRAMES_PER_SECOND)
+        return feats[..., :frames] if frames < feats.shape[-1] else feats
+
     def _draft_view(self, draft_hidden: torch.Tensor | None, windows: Sequence[float]) -> torch.Tensor | None:
         """The encoder frames the draft attends to: the batch's longest audio plus the margin
         (`RuntimeOptions.draft_audio_margin_s`) and the window's last DRAFT_END_FRAMES, where steps run
@@ -309,7 +339,7 @@ class SpeculativeDecoder:
 
         policy = self._gamma_policy(opts, speculative)  # first: measuring costs reuses the batch-1 workspace
         t_begin = time.perf_counter()
-        encoder_hidden, draft_hidden = self._encode(feats, speculative)
+        encoder_hidden, draft_hidden = self._encode(self._encoder_input(feats, opts, windows), speculative)
         draft_hidden = self._draft_view(draft_hidden, windows)
         workspace = self._workspace(encoder_hidden, draft_hidden)
         if device.type == "cuda":  # else the encoder's queued GPU work would be timed as the loop's

@@ -30,6 +30,10 @@ class DecodingOptions:
     task: str = "transcribe"
     word_timestamps: bool = False  # word start/end from the target's cross-attention (decoding/alignment.py)
     profile_verify: bool = False  # time the verification step (adds syncs; off in production)
+    # Encode only the window's audio plus this many seconds of its padding (whisper.cpp's audio_ctx), not
+    # the whole 30 s window: a short buffer's encoder work shrinks with it. Changes the output (docs/serving.md,
+    # "Less work per re-decode"); eager steps only (captured graphs keep the whole window). None: all 30 s.
+    encoder_context_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -44,6 +48,8 @@ class DecodingOptions:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.task not in ("transcribe", "translate"):
             raise ValueError(f"task must be 'transcribe' or 'translate', got '{self.task}'")
+        if self.encoder_context_s is not None and not 0 <= self.encoder_context_s <= 30:
+            raise ValueError(f"encoder_context_s must lie in [0, 30] seconds or be None, got {self.encoder_context_s}")
         if self.mode == "sigmoid" and not self.beta > self.alpha:
             raise ValueError(f"sigmoid mode needs beta > alpha, got alpha={self.alpha}, beta={self.beta}")
 
@@ -119,7 +125,7 @@ class Segment:
 
 
 _SUMMED = ("tokens_out", "target_calls", "drafted", "accepted", "hint_steps", "hinted", "hint_accepted",
-           "encoder_s", "draft_s", "target_s", "verify_s", "verify_cpu_s", "total_s", "windows")
+           "encoder_s", "draft_s", "target_s", "verify_s", "verify_cpu_s", "total_s", "windows", "context_retries")
 
 
 @dataclass
@@ -142,6 +148,7 @@ class DecodingStats:
     verify_cpu_s: float = 0.0  # process CPU time of the verify calls, measured only with profile_verify
     total_s: float = 0.0
     windows: int = 1         # decodes summed into this record
+    context_retries: int = 0  # decodes over a shortened encoder input done again over the whole window
     verify_steps: list[tuple[int, float]] = field(default_factory=list)
 
     def finalise(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 from asr_app.decoding.options import Segment
 
 SECONDS_PER_TIMESTAMP = 0.02
@@ -43,3 +45,9 @@ def split_segments(tokenizer, tokens: list[int], eos: int, timestamp_begin: int 
         segments.append(Segment(start if start is not None else 0.0, max(window_s, start or 0.0), text,
                                 text_tokens(current, eos)))
     return segments
+
+
+def compression_ratio(text: str) -> float:
+    """Bytes of `text` over bytes of its zlib compression: about 1-2 for speech, more for a repetition loop."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0

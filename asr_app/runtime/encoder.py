@@ -96,11 +96,14 @@ class EncoderRuntime:
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
         w = self.weights
         frames = w.positions.shape[0]
+        if features.shape[-1] > 2 * frames or features.shape[-1] < 2 or features.shape[-1] % 2:
+            raise ValueError(f"the encoder takes an even number of feature frames up to {2 * frames}, got "
+                             f"{features.shape[-1]}")
         x = F.gelu(F.conv1d(features, *w.conv1, padding=1))
         x = F.gelu(F.conv1d(x, *w.conv2, stride=2, padding=1))
-        if x.shape[-1] != frames:
-            raise ValueError(f"the encoder takes {2 * frames} feature frames, got {features.shape[-1]}")
-        x = x.transpose(1, 2) + w.positions
+        # A shorter input (DecodingOptions.encoder_context_s) takes the first positions: its frames are the
+        # window's first ones.
+        x = x.transpose(1, 2) + w.positions[: x.shape[-1]]
         for layer in w.layers:
             x = self._layer(x, layer)
         return layer_norm(x, w.final_norm, w.eps)

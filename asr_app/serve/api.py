@@ -22,9 +22,10 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from asr_app.decoding.text import compression_ratio
 from asr_app.languages import LANGUAGES
 from asr_app.limits import LimitExceeded
-from asr_app.longform import TEMPERATURE_FALLBACK, TranscribeOptions, compression_ratio, transcribe
+from asr_app.longform import TEMPERATURE_FALLBACK, TranscribeOptions, transcribe
 from asr_app.scheduler import SchedulerBusy, SchedulerClosed
 from asr_app.serve.security import AccessSettings, Refusal, require_key
 from asr_app.transcript import Transcript
