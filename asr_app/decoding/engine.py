@@ -19,6 +19,7 @@ import torch
 
 from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS
 from asr_app.decoding.alignment import FRAMES_PER_SECOND, add_word_timestamps, alignment_heads
+from asr_app.decoding.context import encoder_input, lost_end_of_audio
 from asr_app.decoding.costs import costs_pinned, measure_step_costs
 from asr_app.decoding.gamma import (
     AcceptanceEstimate,
@@ -40,15 +41,12 @@ from asr_app.decoding.options import (
 from asr_app.decoding.prompt import Prompt, build_prompt, eos_token
 from asr_app.decoding.rules import RuleState, WhisperLogitRules
 from asr_app.decoding.steps import Steps, Workspace
-from asr_app.decoding.text import compression_ratio, decode_text, split_segments
+from asr_app.decoding.text import decode_text, split_segments
 from asr_app.runtime import DecoderRuntime, EncoderRuntime, StepRunner, draft_vocabulary
 from asr_app.runtime.allocator import keep_freed_memory
 
 # The window's last encoder frames stay in the draft's view however short the audio (see _draft_view).
 DRAFT_END_FRAMES = 16
-# A decode over a shortened encoder input whose text compresses better than this looped (openai/whisper's 2.4).
-LOOP_COMPRESSION_RATIO = 2.4
-MAX_TOKENS_PER_SECOND = 12   # ... or produced more tokens than speech has (about 3-6 a second, timestamps included)
 
 
 def draft_runtime(draft, head_ids: torch.Tensor | None, runtime: RuntimeOptions) -> DecoderRuntime:
@@ -191,10 +189,7 @@ class SpeculativeDecoder:
         again over the whole window, so the option costs speed there, never a transcript."""
         full = replace(opts, encoder_context_s=None)
         for i, result in enumerate(results):
-            ends = [s.end for s in result.segments]
-            if (compression_ratio(result.text) > LOOP_COMPRESSION_RATIO
-                    or len(result.tokens) > MAX_TOKENS_PER_SECOND * windows[i] + 16
-                    or (ends and max(ends) > windows[i] + opts.encoder_context_s)):
+            if self.graph_mode == "eager" and lost_end_of_audio(result, windows[i], opts.encoder_context_s):
                 redone = self._decode(feats[i : i + 1], full, [prompts[i]], [windows[i]], [hints[i]])[0]
                 redone.stats.context_retries = 1
                 redone.stats.encoder_s += result.stats.encoder_s
@@ -276,12 +271,8 @@ class SpeculativeDecoder:
         return encoder_hidden, self.draft_encoder(feats.to(draft_dtype))
 
     def _encoder_input(self, feats: torch.Tensor, opts: DecodingOptions, windows: Sequence[float]) -> torch.Tensor:
-        """The feature frames the encoder runs over: the batch's longest audio plus `encoder_context_s` of
-        padding (eager steps only), else the whole window."""
-        if opts.encoder_context_s is None or self.graph_mode != "eager":
-            return feats
-        frames = 2 * math.ceil((max(windows) + opts.encoder_context_s) * FRAMES_PER_SECOND)
-        return feats[..., :frames] if frames < feats.shape[-1] else feats
+        """Shortened by `encoder_context_s` where steps run eagerly (captured graphs keep the whole window)."""
+        return encoder_input(feats, opts.encoder_context_s if self.graph_mode == "eager" else None, windows)
 
     def _draft_view(self, draft_hidden: torch.Tensor | None, windows: Sequence[float]) -> torch.Tensor | None:
         """The encoder frames the draft attends to: the batch's longest audio plus the margin

@@ -1,0 +1,36 @@
+"""A shortened encoder input (DecodingOptions.encoder_context_s, whisper.cpp's audio_ctx): the encoder runs over
+a window's audio plus a few seconds of its padding instead of all 30 s, and a decode that went wrong for
+it is recognised so it can be done again over the whole window (docs/serving.md, "Less work per
+re-decode")."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from asr_app.decoding.alignment import FRAMES_PER_SECOND
+from asr_app.decoding.options import DecodingResult
+from asr_app.decoding.text import compression_ratio
+
+# A decode over a shortened input whose text compresses better than this looped (openai/whisper's 2.4) ...
+LOOP_COMPRESSION_RATIO = 2.4
+MAX_TOKENS_PER_SECOND = 12   # ... or produced more tokens than speech has (about 3-6 a second, timestamps included)
+
+
+def encoder_input(features: torch.Tensor, context_s: float | None, windows: Sequence[float]) -> torch.Tensor:
+    """The feature frames to encode: the batch's longest audio plus `context_s` of padding, or all of them."""
+    if context_s is None:
+        return features
+    frames = 2 * math.ceil((max(windows) + context_s) * FRAMES_PER_SECOND)
+    return features[..., :frames] if frames < features.shape[-1] else features
+
+
+def lost_end_of_audio(result: DecodingResult, window_s: float, context_s: float) -> bool:
+    """Whether a decode over a shortened input shows it did not see where the audio ends: a repetition loop,
+    more tokens than speech holds, or text placed past the audio and its context."""
+    ends = [s.end for s in result.segments]
+    return (compression_ratio(result.text) > LOOP_COMPRESSION_RATIO
+            or len(result.tokens) > MAX_TOKENS_PER_SECOND * window_s + 16
+            or bool(ends and max(ends) > window_s + context_s))
