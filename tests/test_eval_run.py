@@ -57,8 +57,8 @@ def normalizer():
 def test_two_mode_sampling_run_writes_all_outputs(tmp_path, capsys):
     out = tmp_path / "eval"
     data = librispeech_subset(tmp_path / "data", SHORT_IDS)
-    # baseline and exact both sample from the target's distribution; sigmoid at temperature 1 samples from a
-    # near-uniform draft distribution and runs to max_new_tokens, too slow for a test (it runs greedy below).
+    # baseline and exact both sample from the target's distribution; sampled sigmoid runs in test_eval_study.py
+    # (here it runs greedy, below).
     rc = main(["--dataset", "librispeech", "--data-dir", str(data), "--modes", "baseline,exact",
                "--max-samples", "2", "--temperature", "1.0", "--seed", "0",
                "--output-dir", str(out), "--no-progress", *MODEL_ARGS])

@@ -187,7 +187,8 @@ def study_markdown(run: StudyRun, figures: list[ModeFigures], comps: list[Compar
         f"of the verify calls. Command: `{meta.get('command', '')}`", ""]
     comp = {(c.temperature, c.label): c for c in comps}
     head = ["T", "mode", "WER % [95% CI]", "Δ WER vs exact, points [95% CI]", "p", "WER vs text %",
-            "acceptance %", "tokens / target call", "verify ms / step", "verify vs exact", "p (verify)"]
+            "acceptance %", "tokens / target call", "verify ms / step", "verify vs exact", "p (verify)",
+            "verify µs / token"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for f in figures:
         c = comp.get((f.temperature, f.label))
@@ -200,7 +201,8 @@ def study_markdown(run: StudyRun, figures: list[ModeFigures], comps: list[Compar
             f"{f.temperature:g}", name, _pct(f.wer) + ci, delta, _p(c.wer_pvalue) if c else "-", _pct(f.text_wer),
             _pct(f.acceptance), "n/a" if f.tokens_per_call is None else f"{f.tokens_per_call:.2f}",
             "n/a" if f.verify_ms_per_call is None else f"{f.verify_ms_per_call:.3f}", ratio,
-            _p(c.verify_pvalue) if c else "-"]) + " |")
+            _p(c.verify_pvalue) if c else "-",
+            "n/a" if f.verify_us_per_token is None else f"{f.verify_us_per_token:.0f}"]) + " |")
     left_out = [c for c in run.clips if c.error is not None]
     if left_out:
         lines += ["", f"{len(left_out)} clip(s) left out: " + "; ".join(f"{c.id} ({c.error})" for c in left_out)]
