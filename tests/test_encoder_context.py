@@ -60,9 +60,9 @@ def test_a_few_seconds_of_context_keeps_the_text_and_encodes_less(decoder):
     full = _one_by_one(decoder, buffers, None)
     short = _one_by_one(decoder, buffers, 3.0)
     wer = np.mean([word_error_rate(f.text, s.text) for f, s in zip(full, short) if f.text.strip()])
-    same = sum(f.text == s.text for f, s in zip(full, short))
-    # Seen here: one buffer of six differs by one word ("books" / "book"): mean 2.4%.
-    assert wer <= 0.05 and same >= len(buffers) - 2, [(f.text, s.text) for f, s in zip(full, short) if f.text != s.text]
+    differing = [(f.text, s.text) for f, s in zip(full, short) if word_error_rate(f.text, s.text) > 0]
+    # Seen here: one or two buffers of six differ by a word ("books" / "book"): mean 2.4%.
+    assert wer <= 0.05 and len(differing) <= 2, differing
     # The encoder's input: the longest buffer plus 3 s of feature frames (100 a second), not 3000.
     features = decoder.feature_extractor([buffers[0]], sampling_rate=16_000, return_tensors="pt").input_features
     seconds = buffers[0].size / 16_000

@@ -271,3 +271,25 @@ def test_asr_stream_sends_a_file_to_the_server(service):
     wrong = subprocess.run([sys.executable, "-m", "asr_app.cli.stream", "--server", url, "--api-key", "nope-nope-1",
                             "--simulate", str(LJ_LIVE), "--fast"], capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "API key" in wrong.stderr
+
+
+def test_launch_options_reach_the_limits_and_cors_is_off_unless_asked(service):
+    from asr_app.serve.cli import build_parser, limits_from_args
+    args = build_parser().parse_args(["--max-sessions", "3", "--max-upload-mb", "5", "--max-upload-minutes", "2",
+                                      "--max-chunk-seconds", "4", "--request-timeout", "30"])
+    limits = limits_from_args(args)
+    assert (limits.max_sessions, limits.max_upload_mb, limits.max_upload_s, limits.max_chunk_s,
+            limits.request_timeout_s) == (3, 5.0, 120.0, 4.0, 30.0)
+    with pytest.raises(ValueError, match="max_sessions"):
+        limits_from_args(build_parser().parse_args(["--max-sessions", "0"]))
+    url, _, _ = service
+    request = urllib.request.Request(url + "/v1/models", headers={"Origin": "http://elsewhere.example",
+                                                                   "Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.headers.get("access-control-allow-origin") is None
+
+
+def test_serving_anywhere_but_loopback_needs_a_key():
+    run = subprocess.run([sys.executable, "-m", "asr_app.serve.cli", "--host", "0.0.0.0", "--port", str(free_port())],
+                         capture_output=True, text=True, timeout=60, env=dict(os.environ, ASR_SERVE_API_KEY=""))
+    assert run.returncode == 2 and "needs an API key" in run.stderr and "models loaded" not in run.stdout

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from asr_app.decoding.text import compression_ratio
 from asr_app.languages import LANGUAGES
 from asr_app.limits import LimitExceeded
-from asr_app.longform import TEMPERATURE_FALLBACK, TranscribeOptions, transcribe
+from asr_app.longform import TranscribeOptions, transcribe
 from asr_app.scheduler import SchedulerBusy, SchedulerClosed
 from asr_app.serve.security import AccessSettings, Refusal, require_key
 from asr_app.transcript import Transcript
@@ -77,10 +77,13 @@ def build_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
                                            for i in ids]}
 
     async def handle(task: str, request: Request, file: UploadFile, model: str, language: str | None,
-                     prompt: str | None, response_format: str, temperature: float,
+                     prompt: str | None, response_format: str, temperature: float | None,
                      granularities: list[str] | None, stream: bool, mode: str | None) -> Response:
         require_key(access, request)
-        req = TranscriptionRequest(task, model, language, prompt, response_format, temperature,
+        # Fields a client leaves out take the server's launch options (--temperature, --language, --mode).
+        base = engine.base_options
+        req = TranscriptionRequest(task, model, language if language is not None else base.language, prompt,
+                                   response_format, base.temperature if temperature is None else temperature,
                                    tuple(granularities or ()), stream, mode)
         check_request(engine, req)
         folder = Path(tempfile.mkdtemp(prefix="asr_serve_"))
@@ -109,7 +112,7 @@ def build_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
     @router.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request, file: UploadFile = File(...), model: str = Form(...),
                              language: str | None = Form(None), prompt: str | None = Form(None),
-                             response_format: str = Form("json"), temperature: float = Form(0.0),
+                             response_format: str = Form("json"), temperature: float | None = Form(None),
                              timestamp_granularities: list[str] | None = Form(None,
                                                                               alias="timestamp_granularities[]"),
                              stream: bool = Form(False), mode: str | None = Form(None)) -> Response:
@@ -119,7 +122,7 @@ def build_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
     @router.post("/v1/audio/translations")
     async def translations(request: Request, file: UploadFile = File(...), model: str = Form(...),
                            prompt: str | None = Form(None), response_format: str = Form("json"),
-                           temperature: float = Form(0.0), mode: str | None = Form(None)) -> Response:
+                           temperature: float | None = Form(None), mode: str | None = Form(None)) -> Response:
         return await handle("translate", request, file, model, None, prompt, response_format, temperature,
                             None, False, mode)
 
@@ -185,7 +188,7 @@ def run_transcription(engine: UiEngine, req: TranscriptionRequest, path: Path, o
         if on_segments is not None:
             on_segments(segments)
 
-    fallback = tuple(t for t in TEMPERATURE_FALLBACK if t > req.temperature)
+    fallback = engine.fallback(req.temperature)   # openai/whisper's rule, or the launch's --temperature list
     transcript = transcribe(decoder, path, TranscribeOptions(decoding=options, initial_prompt=req.prompt,
                                                              temperature_fallback=fallback), on_segments=hook)
     transcript.source = path.name

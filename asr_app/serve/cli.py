@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(parser)
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default loopback only)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
-    parser.add_argument("--api-key", default=os.environ.get("ASR_SERVE_API_KEY"),
+    parser.add_argument("--api-key", default=os.environ.get("ASR_SERVE_API_KEY") or None,
                         help="key clients must send as 'Authorization: Bearer KEY' (required unless --host is "
                              "loopback; default: $ASR_SERVE_API_KEY)")
     parser.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
@@ -68,7 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from asr_app.serve.app import build_app
     from asr_app.ui.engine import UiEngine
 
-    engine = UiEngine.from_decoder(decoder, limits=limits)
+    schedule = tuple(args.temperature) if len(args.temperature) > 1 else ()
+    engine = UiEngine.from_decoder(decoder, limits=limits).sharing(schedule=schedule)
     app = build_app(engine, AccessSettings(api_key=args.api_key, cors_origins=tuple(args.cors_origin)),
                     mount_ui=not args.no_ui)
     print(f"models loaded: {engine.describe()}; serving on http://{args.host}:{args.port}", flush=True)

@@ -39,7 +39,8 @@ def build_live_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
 
     @router.websocket("/v1/live")
     async def live(ws: WebSocket, sample_rate: str = "16000", encoding: str = "pcm16", mode: str | None = None,
-                   temperature: float = 0.0, language: str = "auto", api_key: str | None = None) -> None:
+                   temperature: float | None = None, language: str | None = None,
+                   api_key: str | None = None) -> None:
         if not key_matches(access.api_key, bearer(ws.headers, api_key)):
             await _refuse(ws, POLICY_VIOLATION, "missing or wrong API key")
             return
@@ -49,7 +50,9 @@ def build_live_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
                 raise LimitExceeded(f"encoding {encoding!r} is not one of {', '.join(ENCODINGS)}")
             chosen = mode or (engine.base_options.mode if engine.base_options.mode in engine.modes
                               else engine.modes[0])
-            session = new_session(engine, chosen, temperature, language)
+            base = engine.base_options   # what a client leaves out: the server's launch options
+            session = new_session(engine, chosen, base.temperature if temperature is None else temperature,
+                                  language or base.language or "auto")
         except SessionsFull as exc:
             await _refuse(ws, TRY_AGAIN_LATER, str(exc))
             return
