@@ -6,7 +6,7 @@ mode by mode) so that load changes on a shared machine hit all modes alike. Repo
 seconds per utterance, tokens/s, speedup vs `off` and ratio vs `hf` (both on the sum of per-clip
 medians), acceptance rate, and whether the tokens equal mode `off`'s (greedy identity).
 
-    python bench/decode_bench.py --clips 5 --repeats 3 --out bench/results/decode_bench.json
+    python bench/decode_bench.py --clips 5 --repeats 3
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from report_io import provenance, result_path
 
 from asr_app.audio import load_audio
 from asr_app.decoding import DecodingOptions, SpeculativeDecoder
@@ -121,7 +122,7 @@ def main(argv=None) -> None:
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--drafts", nargs="+", default=["distil", "distil-bf16", "self"],
                     choices=["distil", "distil-bf16", "self"])
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "decode_bench.json"))
+    ap.add_argument("--out", default=None, help="default: bench/results/<device>/<date>/decode_bench.json")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     clips = pick_clips(args.clips)
@@ -145,9 +146,9 @@ def main(argv=None) -> None:
         report["config"].setdefault("draft_dtypes", {})[name] = dtype
         print(table(f"{name} ({p.draft_name}, {dtype}, shared encoder: {p.shared_encoder})", summary), "\n",
               flush=True)
-    out = Path(args.out)
+    out = Path(args.out) if args.out else result_path("decode_bench", args.device)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    out.write_text(json.dumps({"meta": provenance(args.device), **report}, indent=2))
     print(f"wrote {out}")
 
 

@@ -26,14 +26,13 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-from report_io import save_results
+from report_io import result_path, save_results
 
 from asr_app.audio import SAMPLE_RATE, load_audio
 from asr_app.wer import PACKAGED_SPELLING, corpus_wer, english_normalizer
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
-RESULTS = REPO / "bench" / "results"
 PAUSE_S = 0.4
 STRETCH_S = 30.0
 
@@ -127,8 +126,10 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--shared", type=Path, default=SHARED)
     ap.add_argument("--work", type=Path, default=Path("/tmp/asr-memory-bench"))
-    ap.add_argument("--out", type=Path, default=RESULTS / "memory_bench.json")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default: bench/results/<cpu>/<date>/memory_bench.json")
     args = ap.parse_args(argv)
+    args.out = args.out or result_path("memory_bench")
     args.work.mkdir(parents=True, exist_ok=True)
     speech = clips(args.shared)
     normalize = english_normalizer(json.loads(PACKAGED_SPELLING.read_text()))

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from report_io import cpu_facts, describe_cpu
+from report_io import cpu_facts, describe_cpu, provenance, result_path
 
 from asr_app.audio import load_audio
 from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
@@ -48,7 +48,6 @@ from asr_app.wer import corpus_wer, english_normalizer, spelling_map_from_dir
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
-RESULTS = REPO / "bench" / "results"
 
 
 def clips(shared: Path) -> list[tuple[str, np.ndarray, str]]:
@@ -213,7 +212,7 @@ def main(argv=None) -> None:
                     help="also run ours off / exact on the models' own weights (RuntimeOptions(packed_weights=False))")
     ap.add_argument("--default-allocator", action="store_true",
                     help="run every engine with glibc malloc's default settings (ours with keep_freed_memory=False)")
-    ap.add_argument("--out", type=Path, default=RESULTS / "peers_bench.json")
+    ap.add_argument("--out", type=Path, default=None, help="default: bench/results/<cpu>/<date>/peers_bench.json")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -231,8 +230,9 @@ def main(argv=None) -> None:
     report["config"] = {"repeats": args.repeats, "threads": args.threads, "malloc": allocator,
                         "torch": torch.__version__, "cpu": cpu}
     print(table(report))
+    args.out = args.out or result_path("peers_bench")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
+    args.out.write_text(json.dumps({"meta": provenance(), **report}, indent=1))
     (args.out.with_suffix(".md")).write_text(table(report) + "\n")
     plot(report, args.out.with_suffix(".png"), f"tiny.en on {args.threads} CPU threads, 13 clips, malloc: {allocator}")
     print(f"wrote {args.out}, {args.out.with_suffix('.md')} and {args.out.with_suffix('.png')}")

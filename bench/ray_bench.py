@@ -28,11 +28,10 @@ import time
 from pathlib import Path
 
 import soundfile as sf
-from report_io import save_results
+from report_io import result_path, save_results
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
-RESULTS = REPO / "bench" / "results"
 CONFIGS = {"local": [], "ray x1": ["--engine", "ray", "--num-workers", "1"],
            "ray x2": ["--engine", "ray", "--num-workers", "2"]}
 
@@ -79,8 +78,10 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--shared", type=Path, default=SHARED)
-    ap.add_argument("--out", type=Path, default=RESULTS / "ray_bench.json")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default: bench/results/<cpu>/<date>/ray_bench.json")
     args = ap.parse_args(argv)
+    args.out = args.out or result_path("ray_bench")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         folder, audio_s = clip_folder(args.shared, work)

@@ -11,8 +11,11 @@ steady throughput test. Reported, batch 1, greedy:
 - per-step costs: the target step over k = 1 .. g+1 tokens (verification included) and the draft step
   (timed 4 in a row between syncs, as the loop queues a step's drafts, and alone with a sync after it),
   with and without graphs; the verification step alone inside a graph (bench/verify_bench.py's capture);
-- the speedup of `exact` over graph-captured `off` projected at the real tiny.en pair's measured
-  tokens per target call (3.96 with the distilled draft): target(1) / ((g * draft + target(g+1)) / 3.96).
+- the speedup of `exact` over graph-captured `off` projected from the step costs at the tokens per target
+  call measured in the same run: target(1) / ((g * draft + target(g+1)) / tokens_per_call), with the real
+  tiny.en pair's `exact` at the same gamma where `--real-models` is given (else the random pair's own, which
+  says nothing of a real draft; the report names its source), and beside it, labelled a what-if, the same
+  formula at the constant 3.96 tokens per call an earlier CPU run measured (bench/decode_bench.py).
 
 With `--fused-layers`, every graph-captured row again with fused decoder layers (runtime/fused.py), in the
 same run, so the two are compared under the same machine's speed.
@@ -21,7 +24,7 @@ same run, so the two are compared under the same machine's speed.
     python bench/runtime_bench.py --shape large-v2 --device cuda --fused-layers
     python bench/runtime_bench.py --shape tiny --device cpu --graphs emulate --tokens 32   # code path check
 
-Results go to bench/results/runtime_bench_<shape>_<device>.{json,md,png}.
+Results go to bench/results/<device>/<date>/runtime_bench_<shape>_<device>.{json,md,png} (bench/report_io.py).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from report_io import provenance, results_dir
 from transformers import (
     GenerationConfig,
     WhisperConfig,
@@ -48,11 +52,11 @@ from asr_app.decoding.engine import draft_runtime
 from asr_app.models import ModelPair, derive_draft
 from asr_app.runtime.vocab import ranked_subset
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SHAPES = {
     "tiny": dict(d_model=384, layers=4, heads=6, ffn=1536),
     "base": dict(d_model=512, layers=6, heads=8, ffn=2048),
     "large-v2": dict(d_model=1280, layers=32, heads=20, ffn=5120),
+    "toy": dict(d_model=64, layers=2, heads=2, ffn=128),  # for the benches' smoke tests: the code path, cheaply
 }
 # The English-only vocabulary's special tokens and tiny.en's suppressed tokens (OpenAI's checkpoints).
 EOS, SOT, PREV, NO_TIMESTAMPS, VOCAB = 50256, 50257, 50360, 50362, 51864
@@ -62,7 +66,7 @@ SUPPRESS = [1, 2, 7, 8, 9, 10, 14, 25, 26, 27, 28, 29, 31, 58, 59, 60, 61, 62, 6
             11907, 13163, 13697, 13700, 14808, 15306, 16410, 16791, 17992, 19203, 19510, 20724, 22305, 22935,
             27007, 30109, 30420, 33409, 34949, 40283, 40493, 40549, 47282, 49146, 50257, 50357, 50358, 50359,
             50360, 50361]
-PROJECTED_TOKENS_PER_CALL = 3.96  # the real tiny.en + distilled draft, bench/decode_bench.py
+WHAT_IF_TOKENS_PER_CALL = 3.96  # the real tiny.en + distilled draft on a CPU, bench/decode_bench.py (what-if only)
 
 
 class _NoText:
@@ -116,7 +120,8 @@ def loop_ms_per_token(decoder: SpeculativeDecoder, features, options: DecodingOp
         times.append((stats.total_s - stats.encoder_s) / stats.tokens_out)
     return {"ms_per_token": 1e3 * statistics.median(times), "tokens": stats.tokens_out,
             "tokens_per_target_call": stats.tokens_out / stats.target_calls,
-            "acceptance": stats.acceptance_rate if stats.drafted else None}
+            "acceptance": stats.acceptance_rate if stats.drafted else None,
+            "samples_ms_per_token": [1e3 * t for t in times]}
 
 
 def transformers_ms_per_token(pair: ModelPair, features, tokens: int, repeats: int) -> float:
@@ -195,13 +200,16 @@ def interleaved_rows(runs: dict, clips: list, repeats: int) -> tuple[dict, dict]
         calls = sum(r.stats.target_calls for r in results[name])
         rows[name] = {"ms_per_token": 1e3 * sum(statistics.median(t) for t in loop[name]) / tokens,
                       "e2e_ms_per_token": 1e3 * sum(statistics.median(t) for t in whole[name]) / tokens,
-                      "tokens": tokens, "tokens_per_target_call": tokens / calls if calls else None}
+                      "tokens": tokens, "tokens_per_target_call": tokens / calls if calls else None,
+                      "samples_loop_s": loop[name], "samples_whole_s": whole[name]}  # [clip][repeat]
     return rows, results
 
 
-def real_rows(models: Path, device: torch.device, dtype: torch.dtype, repeats: int, fused_layers: bool = False) -> dict:
+def real_rows(models: Path, device: torch.device, dtype: torch.dtype, repeats: int, gamma: int,
+              fused_layers: bool = False) -> dict:
     """The real tiny.en pair on the 13 clips, greedy, batch 1, per configuration (interleaved_rows), and
-    whether its tokens equal `off`'s; with `fused_layers`, the graph rows with fused layers too."""
+    whether its tokens equal `off`'s; with `fused_layers`, the graph rows with fused layers too. `exact` runs
+    with the cost-aware gamma and at the fixed `gamma` the projection assumes (its tokens per call)."""
     pair = load_real_pair(models, device, dtype)
     graphs = "off" if device.type == "cpu" else "auto"
     eager = SpeculativeDecoder(pair, runtime=RuntimeOptions(cuda_graphs="off"))
@@ -212,20 +220,50 @@ def real_rows(models: Path, device: torch.device, dtype: torch.dtype, repeats: i
     if fused_layers:
         fused = SpeculativeDecoder(pair, runtime=RuntimeOptions(cuda_graphs=graphs, fused_layers=True))
         configs |= {"ours off (graphs, fused layers)": (fused, "off"), "ours exact (graphs, fused layers)": (fused, "exact")}
-    rows, results = interleaved_rows({name: (decoder, DecodingOptions(mode=mode))
-                                      for name, (decoder, mode) in configs.items()}, real_clips(), repeats)
+    runs = {name: (decoder, DecodingOptions(mode=mode)) for name, (decoder, mode) in configs.items()}
+    runs[fixed_gamma_row(gamma)] = (graphed, DecodingOptions(mode="exact", gamma=gamma))
+    rows, results = interleaved_rows(runs, real_clips(), repeats)
     for name, row in rows.items():
         row["identical_to_off"] = all(a.tokens == b.tokens for a, b in zip(results[name], results["ours off (eager)"]))
     return rows
 
 
-def projection(steps: dict, gamma: int) -> dict:
-    """`exact` projected from step costs at the real pair's tokens per target call, against `off`."""
+def fixed_gamma_row(gamma: int) -> str:
+    return f"ours exact (graphs, gamma {gamma})"
+
+
+def measured_tokens_per_call(report: dict, gamma: int) -> tuple[float, str]:
+    """Tokens per target call for the projection, measured in this run, and where it came from: the real
+    pair's `exact` at `gamma` when the run has it, else the random pair's own `exact` loop."""
+    real = (report.get("real_tiny_en") or {}).get(fixed_gamma_row(gamma))
+    if real and real["tokens_per_target_call"]:
+        return real["tokens_per_target_call"], (f"measured in this run: real tiny.en + distilled draft, `exact` at "
+                                                f"gamma {gamma}, 13 clips")
+    row = next(row for name, row in report["loops"].items() if name.startswith("ours exact ("))
+    return row["tokens_per_target_call"], ("measured in this run on the random-weight pair (no --real-models): "
+                                           "its draft's acceptance says nothing of a real draft")
+
+
+def projection(steps: dict, gamma: int, tokens_per_call: float, source: str) -> dict:
+    """`exact` projected from step costs at `tokens_per_call`, against `off`: target(1) / ((g * draft +
+    target(g+1)) / tokens_per_call)."""
     per_call = gamma * steps["draft_ms"] + steps["target_ms"][gamma + 1]
-    return {"tokens_per_call": PROJECTED_TOKENS_PER_CALL, "ms_per_token": per_call / PROJECTED_TOKENS_PER_CALL,
-            "speedup_vs_off": steps["target_ms"][1] / (per_call / PROJECTED_TOKENS_PER_CALL),
+    return {"tokens_per_call": tokens_per_call, "source": source, "ms_per_token": per_call / tokens_per_call,
+            "speedup_vs_off": steps["target_ms"][1] / (per_call / tokens_per_call),
             "target_wide_over_one": steps["target_ms"][gamma + 1] / steps["target_ms"][1],
             "draft_over_target": steps["draft_ms"] / steps["target_ms"][1]}
+
+
+def projections(report: dict, gamma: int) -> None:
+    """The measured projection (`projection`, `projection_fused`) and the constant-based what-if beside each."""
+    tokens_per_call, source = measured_tokens_per_call(report, gamma)
+    what_if = f"what-if: the constant {WHAT_IF_TOKENS_PER_CALL} tokens per call of an earlier CPU run, not this one"
+    for key, steps in (("projection", "graphs"), ("projection_fused", "graphs, fused layers")):
+        if steps in report["steps"]:
+            report[key] = projection(report["steps"][steps], gamma, tokens_per_call, source)
+            report[f"{key}_what_if"] = projection(report["steps"][steps], gamma, WHAT_IF_TOKENS_PER_CALL, what_if)
+        else:
+            report[key] = None
 
 
 def loop_rows(pair: ModelPair, decoders: dict, features, args) -> dict:
@@ -257,8 +295,9 @@ def run(args) -> dict:
     # step tables keyed "graphs", "eager" and "graphs, fused layers" (the report's and the plot's names)
     steps = {name.replace(graphed, "graphs"): step_table(decoder, args.gamma, args.repeats)
              for name, decoder in decoders.items()}
-    real = real_rows(args.real_models, device, dtype, args.repeats, args.fused_layers) if args.real_models else None
-    return {
+    real = (real_rows(args.real_models, device, dtype, args.repeats, args.gamma, args.fused_layers)
+            if args.real_models else None)
+    report = {
         "config": {"shape": args.shape, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
                    else platform.processor() or "cpu", "dtype": args.dtype, "graphs": args.graphs,
                    "gamma": args.gamma, "draft_vocab": args.draft_vocab, "tokens": args.tokens,
@@ -267,9 +306,9 @@ def run(args) -> dict:
                    "target_params_M": round(sum(p.numel() for p in pair.target.parameters()) / 1e6, 1)},
         "loops": loops, "steps": steps, "real_tiny_en": real,
         "verify_in_graph_us": verify_in_graph_us(device, dtype),
-        "projection": projection(steps["graphs"], args.gamma),
-        "projection_fused": projection(steps["graphs, fused layers"], args.gamma) if args.fused_layers else None,
     }
+    projections(report, args.gamma)
+    return {"meta": provenance(args.device), **report}
 
 
 def markdown(report: dict) -> str:
@@ -291,13 +330,15 @@ def markdown(report: dict) -> str:
               f"{f'{v:.1f} us' if v is not None else 'n/a (no GPU)'}",
               f"- target step with g+1 tokens / 1 token: {p['target_wide_over_one']:.2f}x; draft step / target step: "
               f"{p['draft_over_target']:.3f}",
-              f"- projected `exact` at {p['tokens_per_call']} tokens per target call: {p['ms_per_token']:.3f} ms/token, "
-              f"{p['speedup_vs_off']:.2f}x graph-captured `off`"]
+              f"- projected `exact` at {p['tokens_per_call']:.2f} tokens per target call ({p['source']}): "
+              f"{p['ms_per_token']:.3f} ms/token, {p['speedup_vs_off']:.2f}x graph-captured `off`",
+              f"- {report['projection_what_if']['source']}: {report['projection_what_if']['speedup_vs_off']:.2f}x"]
     if report.get("projection_fused"):
         f = report["projection_fused"]
         lines += [f"- with fused layers: target step g+1 / 1 token {f['target_wide_over_one']:.2f}x, draft / target "
                   f"{f['draft_over_target']:.3f}, projected `exact` {f['ms_per_token']:.3f} ms/token, "
-                  f"{f['speedup_vs_off']:.2f}x fused `off`"]
+                  f"{f['speedup_vs_off']:.2f}x fused `off` (what-if at {WHAT_IF_TOKENS_PER_CALL}: "
+                  f"{report['projection_fused_what_if']['speedup_vs_off']:.2f}x)"]
     if report.get("real_tiny_en"):
         lines += ["", f"real tiny.en + distilled draft, 13 clips, {c['device']}, {c['dtype']}, batch 1, greedy", "",
                   "| configuration | loop ms/token | whole decode ms/token | tokens/target call | == off |",
@@ -343,12 +384,13 @@ def main(argv=None) -> None:
                     help="a folder with whisper-tiny.en and distil-tiny.en-draft: adds the real pair's rows")
     ap.add_argument("--fused-layers", action="store_true",
                     help="also every graph row with fused decoder layers (runtime/fused.py; a GPU, or TRITON_INTERPRET=1)")
-    ap.add_argument("--out-dir", type=Path, default=RESULTS)
+    ap.add_argument("--out-dir", type=Path, default=None, help="default: bench/results/<device>/<date>/")
     args = ap.parse_args(argv)
     args.dtype = args.dtype or ("float16" if args.device.startswith("cuda") else "float32")
     report = run(args)
     text = markdown(report)
     print(text)
+    args.out_dir = args.out_dir or results_dir(args.device)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = args.out_dir / f"runtime_bench_{args.shape}_{torch.device(args.device).type}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=1))

@@ -15,7 +15,7 @@ tensor-core tiles it chose from, named) against the unfused kernels it replaces.
    operators by self CPU time, syncs counted), and the loop's ms/token with gamma fixed at 1..6 next to
    the cost-aware policy's choice (drafts per target call).
 
-Writes bench/results/step_profile_<shape>_<device>[_fused].txt (and .json).
+Writes bench/results/<device>/<date>/step_profile_<shape>_<device>[_fused].txt (and .json).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import json
 from pathlib import Path
 
 import torch
-from runtime_bench import RESULTS, decoder_for, interleaved_rows, load_real_pair, random_pair, real_clips
+from report_io import provenance, results_dir
+from runtime_bench import decoder_for, interleaved_rows, load_real_pair, random_pair, real_clips
 from torch.profiler import ProfilerActivity, profile
 
 from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
@@ -212,7 +213,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--real-models", type=Path, default=None)
     ap.add_argument("--fused-layers", action="store_true", help="profile the steps with fused decoder layers")
-    ap.add_argument("--out-dir", type=Path, default=RESULTS)
+    ap.add_argument("--out-dir", type=Path, default=None, help="default: bench/results/<device>/<date>/")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     dtype = torch.float16 if device.type == "cuda" else torch.float32
@@ -227,10 +228,11 @@ def main(argv=None) -> None:
         more, data["real"] = real_section(args, device, dtype)
         text += "\n" + more
     print(text)
+    args.out_dir = args.out_dir or results_dir(args.device)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = args.out_dir / f"step_profile_{args.shape}_{device.type}{'_fused' if args.fused_layers else ''}"
     stem.with_suffix(".txt").write_text(text + "\n")
-    stem.with_suffix(".json").write_text(json.dumps(data, indent=1))
+    stem.with_suffix(".json").write_text(json.dumps({"meta": provenance(args.device), **data}, indent=1))
     print(f"wrote {stem}.txt and .json")
 
 

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from report_io import provenance, result_path
 
 from asr_app.audio import SAMPLE_RATE, FileSource, load_audio
 from asr_app.decoding import DecodingOptions, SpeculativeDecoder
@@ -319,8 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", help="model dtype: auto (fp32 on CPU) | bfloat16 | float16 | float32")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--clips", nargs="*", help="audio files (default: 4 shared real clips)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "stream_bench_cpu.json")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: bench/results/<device>/<date>/stream_bench.json")
     args = parser.parse_args(argv)
+    args.out = args.out or result_path("stream_bench", args.device)
 
     import torch
 
@@ -334,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         "draft": args.draft, "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "machine": platform.processor() or platform.machine(), "python": platform.python_version(),
         "torch": torch.__version__, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
-        "wall_s": time.perf_counter() - started,
+        "wall_s": time.perf_counter() - started, **provenance(args.device),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from report_io import provenance, results_dir
 
 from asr_app.kernels import VerifyRandomness, verify
 from asr_app.kernels.baseline import transformers_speculative_sampling
@@ -178,7 +179,7 @@ def bytes_read(impl, batch, gamma, vocab, itemsize):
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--out-dir", type=Path, default=None, help="default: bench/results/<device>/<date>/")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--gamma", type=int, nargs="+", default=[1, 3, 5, 10, 20])
@@ -256,11 +257,13 @@ def main(argv=None):
         "copy_bandwidth_GBps": round(bandwidth / 1e9, 2),
         "glibc_malloc_tuned": malloc_tuned,
         "wall_s": round(time.time() - started, 1),
+        **provenance(args.device),
     }
     print(f"\nfloor: empty Triton launch = {empty_us if empty_us is not None else 'n/a (no GPU)'} us; "
           f"copy bandwidth = {bandwidth / 1e9:.1f} GB/s (floor column = bytes read / bandwidth"
           f"{', or launches x empty launch if larger' if empty_us else ''})")
     summarise_target(rows)
+    args.out_dir = args.out_dir or results_dir(args.device)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"verify_bench_{device.type}"
     (args.out_dir / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from report_io import save_results
+from report_io import result_path, save_results
 
 from asr_app.audio import load_audio
 from asr_app.decoding import DecodingOptions, SpeculativeDecoder
@@ -28,7 +28,6 @@ from asr_app.models import load_pair
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
-RESULTS = REPO / "bench" / "results"
 
 
 def clips(shared: Path) -> dict[str, Path]:
@@ -65,8 +64,10 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--shared", type=Path, default=SHARED)
-    ap.add_argument("--out", type=Path, default=RESULTS / "word_timestamps_bench.json")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default: bench/results/<cpu>/<date>/word_timestamps_bench.json")
     args = ap.parse_args(argv)
+    args.out = args.out or result_path("word_timestamps_bench")
     torch.set_num_threads(args.threads)
     from transformers import pipeline
 

@@ -42,17 +42,47 @@ def test_runtime_bench_reports_loops_steps_and_projections(tmp_path):
         target = {int(k): ms for k, ms in steps["target_ms"].items()}
         per_call = gamma * steps["draft_ms"] + target[gamma + 1]
         assert 1 <= projection["tokens_per_call"] <= gamma + 1  # what gamma drafts per call can give
+        assert "random-weight pair" in projection["source"]  # no --real-models here: said so, not hidden
         assert projection["ms_per_token"] == pytest.approx(per_call / projection["tokens_per_call"])
         assert projection["speedup_vs_off"] == pytest.approx(target[1] / projection["ms_per_token"])
         assert projection["draft_over_target"] == pytest.approx(steps["draft_ms"] / target[1])
+    what_if = report["projection_what_if"]
+    assert what_if["tokens_per_call"] == 3.96 and what_if["source"].startswith("what-if")
+    assert report["meta"]["command"].startswith("python runtime_bench.py") and report["meta"]["versions"]["torch"]
     assert (tmp_path / "runtime_bench_tiny_cpu.png").stat().st_size > 0
     assert "projected `exact`" in (tmp_path / "runtime_bench_tiny_cpu.md").read_text()
+
+
+def test_runtime_bench_projects_at_the_real_pairs_tokens_per_call_measured_in_the_same_run(monkeypatch):
+    # The projected speed-up of a large pair uses the real pair's tokens per target call from the same run
+    # (its `exact` at the projection's gamma), the constant only as a labelled what-if beside it.
+    monkeypatch.syspath_prepend(str(BENCH))
+    import runtime_bench
+
+    steps = {"target_ms": {1: 3.0, 2: 3.2, 3: 3.4}, "draft_ms": 0.5, "draft_latency_ms": 0.6}
+    report = {"loops": {"ours exact (cuda graphs)": {"ms_per_token": 1.0, "tokens_per_target_call": 1.1}},
+              "steps": {"graphs": steps},
+              "real_tiny_en": {name: {"ms_per_token": 1.0, "e2e_ms_per_token": 2.0, "identical_to_off": True,
+                                      "tokens_per_target_call": tpc}
+                               for name, tpc in (("ours exact (graphs)", 2.5), ("ours exact (graphs, gamma 2)", 2.99))}}
+    runtime_bench.projections(report, 2)
+    measured, what_if = report["projection"], report["projection_what_if"]
+    assert measured["tokens_per_call"] == 2.99 and "real tiny.en" in measured["source"]
+    assert measured["speedup_vs_off"] == pytest.approx(3.0 / ((2 * 0.5 + 3.4) / 2.99))
+    assert what_if["tokens_per_call"] == 3.96 and what_if["speedup_vs_off"] > measured["speedup_vs_off"]
+    assert report["projection_fused"] is None  # no fused step table in this run
+    text = runtime_bench.markdown({**report, "config": {"shape": "large-v2", "target_params_M": 1, "device": "GPU",
+                                                        "dtype": "float16", "tokens": 8}, "verify_in_graph_us": None})
+    assert "at 2.99 tokens per target call (measured in this run: real tiny.en" in text and "what-if" in text
+    del report["real_tiny_en"]  # without the real pair, the random pair's own figure, named as such
+    runtime_bench.projections(report, 2)
+    assert report["projection"]["tokens_per_call"] == 1.1 and "random-weight" in report["projection"]["source"]
 
 
 def test_step_profile_reports_each_step(tmp_path):
     run_bench("step_profile.py", "--shape", "tiny", "--device", "cpu", "--out-dir", str(tmp_path))
     report = json.loads((tmp_path / "step_profile_tiny_cpu.json").read_text())
-    assert set(report) == {"target k=1", "target k=6", "draft"}  # no device kernels on a CPU: counts are 0
+    assert set(report) == {"meta", "target k=1", "target k=6", "draft"}  # no device kernels on a CPU: counts are 0
     assert "### tiny: draft step" in (tmp_path / "step_profile_tiny_cpu.txt").read_text()
 
 
