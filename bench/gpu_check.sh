@@ -6,9 +6,13 @@
 #   bash bench/gpu_check.sh large     # runtime_bench large-v2, fused rows beside the unfused ones
 #   bash bench/gpu_check.sh profile   # step_profile large-v2 fused: each product, fused vs unfused vs cuBLAS
 #   bash bench/gpu_check.sh tiny      # runtime_bench on the real tiny.en pair (needs /tmp/models)
-#   bash bench/gpu_check.sh all       # the four, in that order (about 10 minutes: may need two calls)
+#   bash bench/gpu_check.sh batch     # batch_bench: B = 1..64, off / exact / transformers, real pair and large-v2
+#   bash bench/gpu_check.sh all       # the five, in that order (about 15 minutes: needs two or three calls)
 #
-# One device call runs at most 10 minutes: `tests` + `large` fit in one, `profile` + `tiny` in another.
+# One device call runs at most 10 minutes: `tests` + `large` fit in one, `profile` + `tiny` in another,
+# `batch` alone in a third. The benches' JSON, tables and plots land in $OUT/results/<gpu>/<date>/ (the
+# results convention, bench/report_io.py): copy $OUT/results/* into bench/results/, run
+# `python tools/docs_tables.py` for the tables that name them, and commit both.
 # Carrying the real pair and the missing wheels: ../shared/gpu/README.md (they land in /tmp/models and
 # /root/site or /tmp/site). A stage that fails or times out is reported and the next one still runs.
 set -u
@@ -18,6 +22,9 @@ MODELS="${ASR_APP_TEST_MODELS:-/tmp/models}"
 mkdir -p "$OUT"
 for site in /root/site /tmp/site; do [ -d "$site" ] && PYTHONPATH="$site:${PYTHONPATH:-}"; done
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" TRITON_INTERPRET=0
+RESULTS="$OUT/results/$(python3 -c "import sys; sys.path.insert(0, 'bench'); import report_io as r; \
+print(r.results_dir('cuda').relative_to(r.RESULTS))" 2>/dev/null || echo gpu/unknown-date)"
+mkdir -p "$RESULTS"
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"  # this call's stages only
 
@@ -43,12 +50,15 @@ run_tests() {
     stage tests_gpu 300 python3 -m pytest -q -rs tests/test_gpu.py
 }
 
-run_large() {
-    stage large_v2 540 python3 bench/runtime_bench.py --shape large-v2 --device cuda --fused-layers --out-dir "$OUT"
+run_large() {  # with the real pair in the same run: the projection uses its measured tokens per target call
+    local real=()
+    real_models && real=(--real-models "$MODELS")
+    stage large_v2 540 python3 bench/runtime_bench.py --shape large-v2 --device cuda --fused-layers "${real[@]}" \
+        --out-dir "$RESULTS"
 }
 
 run_profile() {
-    stage profile 300 python3 bench/step_profile.py --shape large-v2 --device cuda --fused-layers --out-dir "$OUT"
+    stage profile 300 python3 bench/step_profile.py --shape large-v2 --device cuda --fused-layers --out-dir "$RESULTS"
 }
 
 run_tiny() {
@@ -57,7 +67,20 @@ run_tiny() {
         return
     fi
     stage tiny 300 python3 bench/runtime_bench.py --shape tiny --device cuda --tokens 64 --repeats 3 \
-        --real-models "$MODELS" --fused-layers --out-dir "$OUT"
+        --real-models "$MODELS" --fused-layers --out-dir "$RESULTS"
+}
+
+run_batch() {  # batched throughput: the large-v2 shape (random weights), then the real pair on the 64 clips
+    stage batch_large_v2 300 python3 bench/batch_bench.py --shape large-v2 --device cuda --clips 64 \
+        --batch 1 2 4 8 16 32 64 --tokens 64 --out "$RESULTS/batch_bench_large-v2.json"
+    if ! real_models; then
+        echo "== batch_real: skipped, no real pair at $MODELS (../shared/gpu/README.md)" | tee -a "$SUMMARY"
+        return
+    fi
+    # the repository's 13 test clips travel with it: repeated up to 64 rows
+    stage batch_real 280 python3 bench/batch_bench.py --models "$MODELS" --audio tests/data/audio --device cuda \
+        --clips 64 --cycle-clips --batch 1 2 4 8 16 32 64 --modes off exact transformers \
+        --out "$RESULTS/batch_bench.json"
 }
 
 case "${1:-all}" in
@@ -65,7 +88,8 @@ case "${1:-all}" in
     large) run_large ;;
     profile) run_profile ;;
     tiny) run_tiny ;;
-    all) run_tests; run_large; run_profile; run_tiny ;;
-    *) echo "usage: bash bench/gpu_check.sh tests|large|profile|tiny|all" >&2; exit 2 ;;
+    batch) run_batch ;;
+    all) run_tests; run_large; run_profile; run_tiny; run_batch ;;
+    *) echo "usage: bash bench/gpu_check.sh tests|large|profile|tiny|batch|all" >&2; exit 2 ;;
 esac
 cat "$SUMMARY"

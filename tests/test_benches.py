@@ -110,6 +110,32 @@ def test_stream_bench_reports_each_variant_under_its_own_names(tmp_path):
     assert all(row["words"] > 0 and row["clips"] == 1 and row["rtf"] > 0 for row in modes.values())
 
 
+def test_batch_bench_reports_every_mode_at_every_batch_size(tmp_path, monkeypatch, one_torch_thread):
+    # The real pair on real clips (as on the CPU) and a random-weight shape on random features (as on a GPU,
+    # --shape large-v2), each writing the results convention's JSON (meta, raw rounds, medians) and a plot.
+    # In this process: the libraries are loaded already (a child spent ~7 s importing them).
+    from conftest import AUDIO_DIR, MODELS_DIR
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import batch_bench
+
+    for shape, modes in (("real", ("off", "exact", "transformers")), ("toy", ("off", "exact"))):
+        out = tmp_path / f"batch_bench_{shape}.json"
+        batch_bench.main(["--shape", shape, "--models", str(MODELS_DIR), "--audio", str(AUDIO_DIR), "--clips", "2",
+                          "--batch", "1", "2", "--tokens", "4", "--modes", *modes, "--out", str(out)])
+        report = json.loads(out.read_text())
+        assert report["meta"]["versions"]["torch"] and report["meta"]["device"] and report["meta"]["command"]
+        assert sorted((r["mode"], r["batch"]) for r in report["rows"]) == sorted(
+            (mode, b) for mode in modes for b in (1, 2))
+        for row in report["rows"]:
+            assert len(row["samples_s"]) == 1 and row["median_s"] > 0 and row["tokens"] > 0
+            assert row["tokens_per_s"] == pytest.approx(row["tokens"] / row["median_s"])
+            assert (row["rtfx"] is not None) == (shape == "real")
+            assert row["identical_to_off"] in ((None,) if row["mode"] == "off" else (True,))  # greedy identity
+        assert "| exact | 2 |" in out.with_suffix(".md").read_text()
+        assert out.with_suffix(".png").stat().st_size > 0
+
+
 def test_peers_bench_names_the_cpu_its_figures_came_from():
     # CPU figures are comparable only between machines of one kind (docs/runtime.md, "CPU, a Zen 4 VM"): the
     # report says which CPU, and its fp32 rate measured in the same run.
