@@ -59,6 +59,7 @@ class LiveSession:
     max_pending_s: float = MAX_PENDING_S
     session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     last_activity: float = field(default_factory=time.monotonic)  # the newest chunk's arrival (idle expiry)
+    late_chunks: int = 0            # chunks that arrived after the stop, decoded all the same
     events: deque | None = field(default=None, repr=False)  # when set, every event is also appended here
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _changed: threading.Condition = field(init=False, repr=False)
@@ -70,6 +71,7 @@ class LiveSession:
 
     def __post_init__(self) -> None:
         self._changed = threading.Condition(self.lock)
+        self._finishing = threading.Lock()   # one finish at a time: the stop and any late chunk
 
     # -- read by the UI (callers hold no lock; each property is one consistent read) ---------
 
@@ -129,11 +131,39 @@ class LiveSession:
             self._changed.notify_all()
         if worker is not None:
             worker.join()
-        events = self.processor.finish()
-        with self.lock:
-            self._apply(events)
-            self.partial = ""
-            self.finished = True
+        with self._finishing:
+            # Chunks that came in while the worker was stopping are the recording's too.
+            with self.lock:
+                late, self._pending = list(self._pending), deque()
+                self._pending_samples = 0
+            for _, audio in late:
+                self.processor.insert_audio(audio)
+            events = self.processor.finish()
+            with self.lock:
+                self.processed_s += sum(audio.size for _, audio in late) / SAMPLE_RATE
+                self._apply(events)
+                self.partial = ""
+                self.finished = True
+
+    def feed_late(self, audio: np.ndarray) -> None:
+        """A chunk that arrived after the recording was finished (the browser's last chunk and its stop event
+        race): decoded at once and committed, so nothing that was recorded is dropped."""
+        if not audio.size:
+            return
+        with self._finishing:
+            with self.lock:
+                self.chunks += 1
+                self.audio_s += audio.size / SAMPLE_RATE
+                self.late_chunks += 1
+            started = time.monotonic()
+            self.processor.resume()
+            self.processor.insert_audio(audio)
+            events = self.processor.finish()
+            with self.lock:
+                self.processed_s += audio.size / SAMPLE_RATE
+                self.compute_s += time.monotonic() - started
+                self._apply(events)
+                self.partial = ""
 
     def abandon(self) -> None:
         """The client went away: drop queued audio, stop the worker after its current decode, free the place."""

@@ -296,6 +296,7 @@ class StreamingProcessor:
         self._t0: float | None = None
         self._last_partial: str | None = None
         self._finished = False
+        self.prompt_retries = 0           # silent-judged decodes done again without the prompt
         # The previous decode: its tokens, and the buffer start and prompt they were decoded with.
         self._previous: tuple[list[int], float, str | None] | None = None
 
@@ -316,6 +317,11 @@ class StreamingProcessor:
         if self._received - self._decoded_upto < self.options.step_s * SAMPLE_RATE:
             return []
         return self._step(final=False)
+
+    def resume(self) -> None:
+        """Take more audio after finish() (a chunk that was on its way when the recording stopped): the
+        committed words stay final; the next finish() decodes the new audio and commits the rest."""
+        self._finished = False
 
     def finish(self) -> list[StreamEvent]:
         """Decode whatever audio is left and commit the final tail."""
@@ -401,10 +407,20 @@ class StreamingProcessor:
                 hint = tokens
         result = self.decoder.decode([self._buffer], self.decoding, prompts=[prompt], hints=[hint])[0]
         self._previous = (list(result.tokens), self._buffer_start, prompt)
-        if judged_silent(result, self.options.no_speech_threshold, self.options.logprob_threshold):
+        if prompt is not None and self._silent(result):
+            # The buffer has sound (the energy gate passed) but the decode calls it silence: a prompt can talk
+            # Whisper into that, so decode once more without it before any words are given up (as long-form
+            # does with a window).
+            self.prompt_retries += 1
+            result = self.decoder.decode([self._buffer], self.decoding, prompts=[None], hints=[None])[0]
+            self._previous = (list(result.tokens), self._buffer_start, None)
+        if self._silent(result):
             return [], [], True, result.stats
         words = words_from_segments(result.segments, self._buffer_start, self.buffer_seconds)
         return words, list(result.segments), False, result.stats
+
+    def _silent(self, result) -> bool:
+        return judged_silent(result, self.options.no_speech_threshold, self.options.logprob_threshold)
 
     def _step(self, final: bool) -> list[StreamEvent]:
         events: list[StreamEvent] = []

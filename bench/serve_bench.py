@@ -7,13 +7,15 @@ word, latency = arrival of the commit event - (t0 + the word's end in the audio)
 words of all streams. Each clip is also streamed alone (N = 1) per engine, and every stream's WER (against
 the clip's human transcript) is compared with its alone run.
 
-Engines: `scheduler` (asr_app.scheduler, what asr-serve runs) and `lock` (the engine before it: every
-session's decode calls the one SpeculativeDecoder under one global lock, as ui/engine.py did).
+Engines: `scheduler` (asr_app.scheduler, what asr-serve runs), `scheduler+context` (the same, live
+re-decodes encoding their buffer plus --context seconds: `asr-serve --live-encoder-context`) and `lock`
+(the engine before the scheduler: every session's decode calls the one SpeculativeDecoder under one
+global lock, as ui/engine.py did).
 
 API: --api-requests clips sent at once to /v1/audio/transcriptions (scheduler engine), wall time against
 the same clips sent one at a time, and the texts compared with asr-transcribe's (longform.transcribe).
 
-    python bench/serve_bench.py --streams 1,2,4,8 --threads 2 --api-requests 16
+    python bench/serve_bench.py --streams 1,2,4,8 --threads 2 --api-requests 16 --context 3
 """
 
 from __future__ import annotations
@@ -161,27 +163,40 @@ def load_clips(count: int) -> list[tuple[np.ndarray, str]]:
     return out
 
 
-def bench_streams(decoder, streaming, counts: list[int]) -> dict:
+ENGINES = ("lock", "scheduler", "scheduler+context")
+
+
+def make_engine(name: str, decoder, streaming, context_s: float):
+    from asr_app.scheduler import Scheduler
     from asr_app.ui.engine import UiEngine
+    scheduler = LockScheduler(decoder) if name == "lock" else Scheduler(decoder)
+    context = context_s if name.endswith("+context") else None
+    return UiEngine.from_decoder(decoder, streaming).sharing(scheduler=scheduler, live_encoder_context_s=context)
+
+
+def bench_streams(decoder, streaming, counts: list[int], engines: list[str], context_s: float) -> dict:
+    from asr_app.wer import word_error_rate
     clips = load_clips(max(counts))
-    report: dict = {"clips_s": [round(len(p) / 16_000, 2) for p, _ in clips]}
-    for name in ("lock", "scheduler"):
-        from asr_app.scheduler import Scheduler
-        scheduler = LockScheduler(decoder) if name == "lock" else Scheduler(decoder)
-        engine = UiEngine.from_decoder(decoder, streaming).sharing(scheduler=scheduler)
+    report: dict = {"clips_s": [round(len(p) / 16_000, 2) for p, _ in clips], "context_s": context_s}
+    for name in engines:
+        engine = make_engine(name, decoder, streaming, context_s)
         host, server = start_server(engine)
         alone = [run_streams(host, [clip])[0] for clip in clips]
-        from asr_app.wer import word_error_rate
         alone_wer = [word_error_rate(text, r["text"]) for r, (_, text) in zip(alone, clips)]
+        alone_lat = summarise(alone, [t for _, t in clips], None)
+        print(f"{name:18s} each clip alone: p90 {alone_lat['p90_s']:.2f} s, mean WER {np.mean(alone_wer):.3f}",
+              flush=True)
         rows = {}
         for n in counts:
             results = run_streams(host, clips[:n])
             rows[n] = summarise(results, [t for _, t in clips[:n]], alone_wer[:n])
-            print(f"{name:9s} N={n}: p50 {rows[n]['p50_s']:.2f} s, p90 {rows[n]['p90_s']:.2f} s, "
+            print(f"{name:18s} N={n}: p50 {rows[n]['p50_s']:.2f} s, p90 {rows[n]['p90_s']:.2f} s, "
                   f"max {rows[n]['max_s']:.2f} s, WER-alone max {rows[n]['wer_minus_alone_max']:+.3f}", flush=True)
-        report[name] = {"alone_wer": alone_wer, "streams": rows}
+        metrics = engine.scheduler.metrics()
+        report[name] = {"alone_wer": alone_wer, "alone": alone_lat, "streams": rows,
+                        "batches_by_rows": metrics.rows_per_batch, "sizer_s_per_row": metrics.sizer}
         server.should_exit = True
-        scheduler.close()
+        engine.scheduler.close()
     return report
 
 
@@ -227,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", default="1,2,4,8")
     parser.add_argument("--api-requests", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--engines", default=",".join(ENGINES), help=f"any of {', '.join(ENGINES)}")
+    parser.add_argument("--context", type=float, default=3.0, help="seconds of encoder context (+context engine)")
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/<device>/<date>/serve_bench.json)")
     args = parser.parse_args(argv)
     import torch
@@ -241,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(n) for n in args.streams.split(",")]
     report = {"command": " ".join(["python", "bench/serve_bench.py", *(argv or sys.argv[1:])]),
               "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "cpu": _cpu(),
-              "streams": bench_streams(decoder, StreamingOptions(), counts)}
+              "streams": bench_streams(decoder, StreamingOptions(), counts, args.engines.split(","), args.context)}
     if args.api_requests:
         report["api"] = bench_api(decoder, args.api_requests)
     out = Path(args.out) if args.out else REPO / "bench" / "results" / "cpu" / report["date"] / "serve_bench.json"

@@ -325,3 +325,55 @@ def test_asr_stream_piped_prints_one_line_per_sentence(stream_cli, capsys, tmp_p
     assert len(lines) == 2, lines  # one line per sentence, not one per commit
     assert normalise(lines[0]) == "in being comparatively modern" and lines[0].endswith(".")
     assert normalise(lines[1]) == "has never been surpassed" and lines[1].endswith(".")
+
+
+class PromptSilenced:
+    """The real decoder, except that a decode given a prompt comes back judged silent (no-speech 0.99, low
+    log-probability): what a prompt can talk Whisper into on a real buffer."""
+
+    def __init__(self, decoder) -> None:
+        self.decoder, self.prompted = decoder, 0
+
+    pair = property(lambda self: self.decoder.pair)
+    options = property(lambda self: self.decoder.options)
+
+    def decode(self, audio, options=None, prompts=None, hints=None):
+        results = self.decoder.decode(audio, options, prompts=prompts, hints=hints)
+        for result, prompt in zip(results, prompts or [None] * len(results)):
+            if prompt is not None:
+                self.prompted += 1
+                result.no_speech_prob, result.avg_logprob = 0.99, -2.0
+        return results
+
+
+def test_a_silent_judgement_is_checked_without_the_prompt_before_words_are_dropped(decoder):
+    """Every prompted decode looks silent here; the processor decodes those buffers again without the prompt,
+    so the speech after the first commit is still transcribed (without the retry it was dropped)."""
+    speech = load_audio(JFK_FLAC)
+    offline = decoder.decode([speech])[0].text
+    silenced = PromptSilenced(decoder)
+    # A short trim length: the buffer is cut after the first commits, so later decodes carry a prompt.
+    processor, _ = run_stream(silenced, speech, StreamingOptions(step_s=2.0, trim_s=4.0))
+    assert silenced.prompted >= 1 and processor.prompt_retries == silenced.prompted
+    assert jiwer.wer(normalise(offline), normalise(processor.committed_text)) <= 0.15, processor.committed_text
+
+
+def test_a_finished_stream_takes_a_late_chunk(decoder):
+    speech = load_audio(JFK_FLAC)
+    cut = 8 * SAMPLE_RATE
+    processor, _ = run_stream(decoder, speech[:cut], StreamingOptions(step_s=2.0))
+    before = processor.committed_text
+    processor.resume()
+    processor.insert_audio(speech[cut:])
+    processor.finish()
+    assert processor.committed_text.startswith(before) and "country" in processor.committed_text.lower()
+
+
+def test_microphone_overflows_are_reported(capsys):
+    from asr_app.cli.stream import report_overflows
+
+    class Source:
+        dropped_overflows = 3
+
+    assert report_overflows(Source()) == 3 and "overflowed 3 time(s)" in capsys.readouterr().err
+    assert report_overflows(object()) == 0 and capsys.readouterr().err == ""

@@ -303,3 +303,19 @@ def test_bounds_hold_on_the_web_app_too(engine, tmp_path):
     third, _, _ = live_chunk(strict, as_browser_chunks(np.zeros(8000, np.float32), 16_000)[0], None, "exact", 0.0)
     assert third is not None   # the finished session gave its place back
     live_stop(strict, third)
+
+
+def test_a_chunk_after_the_stop_is_still_transcribed(engine):
+    """The browser's last chunk and its stop event race: a chunk that arrives after the stop is decoded."""
+    chunks = file_chunks(JFK_FLAC)
+    session = None
+    for chunk in chunks[:-4]:
+        session, _, _ = live_chunk(engine, chunk, session, "exact", 0.0)
+        paced(session)
+    session, _, _ = live_stop(engine, session)
+    before = session.committed_text
+    for chunk in chunks[-4:]:
+        session, _, _ = live_chunk(engine, chunk, session, "exact", 0.0)
+    assert session.late_chunks == 4 and session.committed_text.startswith(before)
+    assert "country" in session.committed_text.lower() and session.message == ""
+    assert session.audio_s == pytest.approx(sf.info(str(JFK_FLAC)).duration, abs=0.05)

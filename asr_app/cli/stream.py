@@ -231,10 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     events.extend(final)
     printer(final)
     printer.close()
+    overflows = report_overflows(source)
     if args.stats:
         compute = sum(s.compute_s for s in processor.steps)
         report = latency_report(events, processor.audio_seconds, compute)
         report["audio_s"] = round(processor.audio_seconds, 2)
+        report["microphone_overflows"] = overflows
+        report["prompt_retries"] = processor.prompt_retries
         report["wall_s"] = round(time.perf_counter() - started, 2)
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in report.items()}),
               file=sys.stderr)
@@ -254,9 +257,19 @@ def run_remote(args: argparse.Namespace, source, printer: Printer) -> int:
         print(f"asr-stream: error: {exc}", file=sys.stderr)
         return 2
     printer.close()
+    overflows = report_overflows(source)
     if args.stats:
-        print(json.dumps(stats), file=sys.stderr)
+        print(json.dumps({**stats, "microphone_overflows": overflows}), file=sys.stderr)
     return 0
+
+
+def report_overflows(source) -> int:
+    """Say when the microphone's buffer overflowed (audio was lost before it reached us); the count."""
+    overflows = int(getattr(source, "dropped_overflows", 0))
+    if overflows:
+        print(f"asr-stream: warning: the microphone overflowed {overflows} time(s), so some audio was lost "
+              "before it could be transcribed (a busy machine; try a larger --block)", file=sys.stderr)
+    return overflows
 
 
 if __name__ == "__main__":

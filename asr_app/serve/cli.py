@@ -34,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="longest live chunk in seconds (default 10)")
     parser.add_argument("--request-timeout", type=float, default=600.0,
                         help="seconds an API request may wait for and use the decoder (default 600)")
+    parser.add_argument("--live-encoder-context", type=float, default=None, metavar="S",
+                        help="live re-decodes run the encoder over their buffer plus S seconds instead of a 30 s "
+                             "window (less work per re-decode on a CPU; a decode that loops is redone over the "
+                             "whole window; docs/serving.md). Default: the whole window")
     parser.add_argument("--no-ui", action="store_true", help="serve the API only, without the web app at /")
     return parser
 
@@ -52,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         limits = limits_from_args(args)
+        if args.live_encoder_context is not None and not 0 <= args.live_encoder_context <= 30:
+            raise ValueError(f"--live-encoder-context must lie in [0, 30] seconds, got {args.live_encoder_context}")
     except ValueError as exc:
         print(f"asr-serve: error: {exc}", file=sys.stderr)
         return 2
@@ -69,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from asr_app.ui.engine import UiEngine
 
     schedule = tuple(args.temperature) if len(args.temperature) > 1 else ()
-    engine = UiEngine.from_decoder(decoder, limits=limits).sharing(schedule=schedule)
+    engine = UiEngine.from_decoder(decoder, limits=limits).sharing(schedule=schedule,
+                                                                   live_encoder_context_s=args.live_encoder_context)
     app = build_app(engine, AccessSettings(api_key=args.api_key, cors_origins=tuple(args.cors_origin)),
                     mount_ui=not args.no_ui)
     print(f"models loaded: {engine.describe()}; serving on http://{args.host}:{args.port}", flush=True)

@@ -40,6 +40,7 @@ class UiEngine:
     scheduler: Scheduler | None = None         # owns the decoder; several engines may share one
     limits: ServiceLimits = field(default_factory=ServiceLimits)
     sessions: SessionRegistry | None = None
+    live_encoder_context_s: float | None = None  # live re-decodes encode their buffer plus this, not 30 s
 
     def __post_init__(self) -> None:
         if self.decoder is None:
@@ -103,6 +104,8 @@ class UiEngine:
                         session: str = "", **overrides: Any) -> ScheduledDecoder:
         """A decoder for one session or request: its own options, its decodes queued on the shared scheduler
         (live ones first), `session` its fairness key (one row per session per batch)."""
+        if live and self.live_encoder_context_s is not None:
+            overrides.setdefault("encoder_context_s", self.live_encoder_context_s)
         options = self.options(mode, temperature, language, **overrides)
         return self.scheduler.client(options, priority=LIVE if live else FILE, session=session,
                                      timeout_s=None if live else self.limits.request_timeout_s)

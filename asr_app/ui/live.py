@@ -98,8 +98,13 @@ def live_chunk(engine: UiEngine, chunk: BrowserChunk | None, session: LiveSessio
     if chunk is None:
         return live_outputs(session)
     if session is not None and session.finished:
-        # A chunk that was still on its way when the recording stopped: the transcript is final.
-        # (A new recording starts from an empty state: the start event resets it.)
+        # A chunk that was still on its way when the recording stopped: decoded and committed at once (a new
+        # recording starts from an empty state: the start event resets it).
+        try:
+            session.feed_late(convert_chunk(engine, chunk[0], chunk[1], "microphone chunk"))
+        except (AudioLoadError, LimitExceeded, TypeError, ValueError) as exc:
+            with session.lock:
+                session.message = f"Skipped a microphone chunk: {exc}"
         return live_outputs(session)
     if session is None:
         try:
