@@ -237,6 +237,31 @@ def bench_api(decoder, count: int) -> dict:
     return row
 
 
+def streams_table(report: dict) -> str:
+    """Final-word latency of N live streams per engine (p50 / p90 / worst, seconds), WER, and the API row."""
+    streams = report["streams"]
+    engines = [e for e in ENGINES if e in streams]
+    counts = sorted({int(n) for e in engines for n in streams[e]["streams"]})
+    lines = [f"tiny.en + distilled draft, `exact`, {report['threads']} threads, {len(streams['clips_s'])} real clips "
+             f"({sum(streams['clips_s']):.0f} s) streamed at real-time pace over the WebSocket; encoder context "
+             f"{streams['context_s']:g} s for `scheduler+context`; {report.get('cpu', '')}",
+             "",
+             "| engine | N | p50 s | p90 s | worst s | mean WER | worst WER - alone |",
+             "|---|---|---|---|---|---|---|"]
+    for engine in engines:
+        rows = streams[engine]["streams"]
+        for n in counts:
+            row = rows.get(str(n)) or rows.get(n)
+            lines.append(f"| {engine} | {n} | {row['p50_s']:.2f} | {row['p90_s']:.2f} | {row['max_s']:.2f} | "
+                         f"{100 * sum(row['wer']) / len(row['wer']):.1f}% | {100 * row['wer_minus_alone_max']:+.1f} |")
+    api = report.get("api")
+    if api:
+        lines += ["", f"API: {api['requests']} requests at once {api['concurrent_s']:.1f} s, one at a time "
+                      f"{api['sequential_s']:.1f} s (**{api['ratio']:.2f}x**); texts identical to "
+                      f"`transcribe()`: {api['identical_to_transcribe']}; batches by rows {api['batches_by_rows']}"]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", default="1,2,4,8")
@@ -261,9 +286,9 @@ def main(argv: list[str] | None = None) -> int:
               "streams": bench_streams(decoder, StreamingOptions(), counts, args.engines.split(","), args.context)}
     if args.api_requests:
         report["api"] = bench_api(decoder, args.api_requests)
-    out = Path(args.out) if args.out else REPO / "bench" / "results" / "cpu" / report["date"] / "serve_bench.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, default=float))
+    from report_io import result_path, save_results
+    out = Path(args.out) if args.out else result_path("serve_bench")
+    save_results(out, json.loads(json.dumps(report, default=float)), streams_table(report))
     print(f"wrote {out}")
     return 0
 

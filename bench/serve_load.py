@@ -104,7 +104,7 @@ class Load:
         self.lock = threading.Lock()
         self.counts: dict[str, int] = {}
         self.problems: list[str] = []
-        self.bad = bad_bodies(folder)
+        self.bad_bodies = bad_bodies(folder)
 
     def note(self, key: str, problem: str | None = None) -> None:
         with self.lock:
@@ -151,8 +151,8 @@ class Load:
         self.note("upload", None if ok else f"upload {Path(name).name}: {r.status_code} {r.text[:200]}")
 
     def bad(self, rng) -> None:
-        name = rng.choice(sorted(self.bad))
-        body = self.bad[name]
+        name = rng.choice(sorted(self.bad_bodies))
+        body = self.bad_bodies[name]
         try:
             if isinstance(body, Path):
                 with body.open("rb") as f:
@@ -209,13 +209,34 @@ def main(argv: list[str] | None = None) -> int:
     log = (tmp / "server.log").read_text()
     report["server_tracebacks"] = log.count("Traceback")
     report["command"] = "python bench/serve_load.py " + " ".join(argv or sys.argv[1:])
-    out = REPO / "bench" / "results" / "cpu" / time.strftime("%Y-%m-%d") / "serve_load.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    print(json.dumps({k: v for k, v in report.items() if k != "problems"}, indent=1))
+    from report_io import result_path, save_results
+    out = result_path("serve_load")
+    save_results(out, report, load_table(report))
     print(f"problems: {len(report['problems'])}", *report["problems"][:20], sep="\n  ")
     print(f"wrote {out}")
     return 0
+
+
+def load_table(report: dict) -> str:
+    """What the load and faults run found, against what the serving issue asks."""
+    counts = report["counts"]
+    good = {k: v for k, v in counts.items() if k in ("stream", "upload", "disconnect", "stream_busy", "upload_busy")}
+    bad = {k: v for k, v in counts.items() if k.startswith("bad_")}
+    failures = {k: v for k, v in counts.items() if k.endswith("_exception")}
+    rows = [("clients x minutes", f"{report['clients']} x {report['minutes']:g}"),
+            ("requests by kind", ", ".join(f"{k} {v}" for k, v in sorted(good.items()))),
+            ("bad inputs and their answers", ", ".join(f"{k[4:]} {v}" for k, v in sorted(bad.items()))),
+            ("client exceptions", ", ".join(f"{k} {v}" for k, v in sorted(failures.items())) or "none"),
+            ("HTTP 5xx (ask: 0)", f"{report['http_5xx']:.0f}"),
+            ("live sessions / queue left after (ask: 0)", f"{report['live_sessions_after']} / "
+                                                          f"{report['queue_depth_after']}"),
+            ("server threads before / after", f"{report['threads_before']} / {report['threads_after']}"),
+            ("temporary folders left (ask: none)", ", ".join(report["temp_folders_left"]) or "none"),
+            ("RSS after warm-up / end / peak, MB (ask: growth <= 100)",
+             f"{report['rss_before_mb']:.0f} / {report['rss_after_mb']:.0f} / {report['rss_peak_mb']:.0f}"),
+            ("tracebacks in the server log", str(report["server_tracebacks"])),
+            ("requests whose text was not right", str(len(report["problems"]) - sum(failures.values())))]
+    return "| check | result |\n|---|---|\n" + "\n".join(f"| {a} | {b} |" for a, b in rows)
 
 
 def run(url: str, proc: subprocess.Popen, tmp: Path, args) -> dict:
