@@ -293,3 +293,37 @@ def test_serving_anywhere_but_loopback_needs_a_key():
     run = subprocess.run([sys.executable, "-m", "asr_app.serve.cli", "--host", "0.0.0.0", "--port", str(free_port())],
                          capture_output=True, text=True, timeout=60, env=dict(os.environ, ASR_SERVE_API_KEY=""))
     assert run.returncode == 2 and "needs an API key" in run.stderr and "models loaded" not in run.stdout
+
+
+def test_translation_and_language_detection_on_the_multilingual_model(tmp_path):
+    """Whisper base (the multilingual extra): /v1/audio/translations answers in English, a transcription
+    without a language detects it, and verbose_json names it."""
+    port = free_port()
+    log_path = tmp_path / "server.log"
+    cmd = [sys.executable, "-m", "asr_app.serve.cli", "--pair", "base", "--device", "cpu", "--threads", "1",
+           "--port", str(port), "--no-ui"]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"), stdout=log,
+                                stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+                time.sleep(0.5)
+        api = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        german = REPO_ROOT / "tests" / "data" / "audio" / "espeak" / "de.flac"
+        assert [m.id for m in api.models.list().data][0] == "whisper-base"   # no draft for base yet
+        with open(german, "rb") as f:
+            english = api.audio.translations.create(model="whisper-1", file=f).text
+        with open(german, "rb") as f:
+            verbose = api.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json")
+        assert verbose.language == "german" and "morgen" in verbose.text.lower(), verbose.text
+        assert "morning" in english.lower() and "morgen" not in english.lower(), english
+    finally:
+        stop(proc)
