@@ -246,8 +246,13 @@ def test_encoder_runtime_matches_transformers(tiny_en_pair):
     assert torch.equal(EncoderRuntime.from_model(tiny_en_pair.target, packed=False)(feats), reference)
     packed = EncoderRuntime.from_model(tiny_en_pair.target)(feats)
     torch.testing.assert_close(packed, reference, atol=2e-4, rtol=1e-4)
-    with pytest.raises(ValueError, match="3000 feature frames"):
-        EncoderRuntime.from_model(tiny_en_pair.target)(feats[..., :2000])
+    # A shorter input (DecodingOptions.encoder_context_s) encodes its own frames with the first positions;
+    # more than a window, or an odd count, is refused.
+    assert EncoderRuntime.from_model(tiny_en_pair.target)(feats[..., :2000]).shape[1] == 1000
+    for frames in (3002, 1999):
+        bad = torch.zeros(*feats.shape[:2], frames, dtype=feats.dtype)
+        with pytest.raises(ValueError, match="even number of feature frames up to 3000"):
+            EncoderRuntime.from_model(tiny_en_pair.target)(bad)
 
 
 @torch.inference_mode()
