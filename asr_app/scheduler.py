@@ -345,11 +345,10 @@ class ScheduledDecoder:
         return self._options
 
     def decode(self, audio, options: DecodingOptions | None = None, prompts=None, hints=None) -> list[DecodingResult]:
-        clips = [audio] if isinstance(audio, np.ndarray) and audio.ndim == 1 else list(audio) \
-            if not isinstance(audio, np.ndarray) else None
-        if clips is None:
+        if isinstance(audio, np.ndarray) and audio.ndim != 1:
             raise ValueError(f"expected mono samples of shape (N,) or a list of clips, got an array of shape "
                              f"{tuple(audio.shape)}; downmix and resample first (asr_app.audio.prepare_audio)")
+        clips = [audio] if isinstance(audio, np.ndarray) else list(audio)
         if not clips:
             raise ValueError("no audio given: pass one clip or a non-empty list of clips")
         prompts = prompts if prompts is not None else [None] * len(clips)
@@ -366,9 +365,8 @@ class ScheduledDecoder:
         return results
 
     def _wait(self, future: Future) -> DecodingResult:
-        deadline = None if self.timeout_s is None else self.timeout_s
         try:
-            return future.result(deadline)
+            return future.result(self.timeout_s)
         except TimeoutError:
             self.scheduler.cancel(future)
             raise TimeoutError(f"no decoder time within {self.timeout_s:.0f} s (the server is overloaded)") from None

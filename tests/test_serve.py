@@ -43,6 +43,17 @@ def service(tmp_path_factory):
     cmd = [sys.executable, "-m", "asr_app.serve.cli", "--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR),
            "--device", "cpu", "--threads", "1", "--port", str(port), "--api-key", KEY, "--max-upload-mb", "3",
            "--max-upload-minutes", "1", "--max-sessions", "2", "--no-ui"]
+    proc, url = start_server(cmd, env, log_path, port)
+    try:
+        yield url, folder, log_path
+    finally:
+        stop(proc)
+    log = log_path.read_text()
+    assert "Traceback" not in log, log[-3000:]
+
+
+def start_server(cmd: list[str], env: dict, log_path, port: int):
+    """Start `cmd` (an asr-serve) and wait until /health answers; (process, url)."""
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -53,18 +64,12 @@ def service(tmp_path_factory):
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as response:
                 if response.status == 200:
-                    break
+                    return proc, url
         except OSError:
             time.sleep(0.5)
         if time.monotonic() > deadline:
             proc.kill()
             pytest.fail(f"asr-serve did not start:\n{log_path.read_text()[-3000:]}")
-    try:
-        yield url, folder, log_path
-    finally:
-        stop(proc)
-    log = log_path.read_text()
-    assert "Traceback" not in log, log[-3000:]
 
 
 def client(url: str, key: str = KEY) -> openai.OpenAI:
@@ -302,20 +307,8 @@ def test_translation_and_language_detection_on_the_multilingual_model(tmp_path):
     log_path = tmp_path / "server.log"
     cmd = [sys.executable, "-m", "asr_app.serve.cli", "--pair", "base", "--device", "cpu", "--threads", "1",
            "--port", str(port), "--no-ui"]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"), stdout=log,
-                                stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_server(cmd, dict(os.environ, HF_HUB_OFFLINE="1"), log_path, port)
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, log_path.read_text()[-3000:]
-                time.sleep(0.5)
         api = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
         german = REPO_ROOT / "tests" / "data" / "audio" / "espeak" / "de.flac"
         assert [m.id for m in api.models.list().data][0] == "whisper-base"   # no draft for base yet

@@ -247,10 +247,10 @@ def refusal_for(exc: BaseException) -> Refusal:
     if isinstance(exc, SchedulerClosed):
         return Refusal(503, "the service is shutting down", "server_busy")
     message = str(exc).split("\n")[0]
-    for marker in (tempfile.gettempdir() + "/",):
-        while marker in message:   # "/tmp/asr_serve_x/a.wav" -> "a.wav"
-            head, _, rest = message.partition(marker)
-            message = head + rest.split("/", 1)[-1]
+    marker = tempfile.gettempdir() + "/"
+    while marker in message:   # "/tmp/asr_serve_x/a.wav" -> "a.wav"
+        head, _, rest = message.partition(marker)
+        message = head + rest.split("/", 1)[-1]
     return Refusal(400, f"the audio could not be transcribed: {message}")
 
 
