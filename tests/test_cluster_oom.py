@@ -89,4 +89,6 @@ def test_a_worker_killed_for_memory_loses_only_its_file(ray_with_a_low_memory_th
     assert "never fired" not in failure
     for name in ("ok1", "ok2", "ok3", "eat-once"):
         assert outcomes[name].text.startswith(name), outcomes[name]
-    assert report.workers_lost == 3  # eat-once once, eat-always twice
+    # eat-once once and eat-always twice at least. The monitor may also kill a bystander (the worker on an
+    # ok file) while an eater's pages are still being freed; that file is retried, as asserted above.
+    assert report.workers_lost >= 3, report
