@@ -135,6 +135,7 @@ class SchedulerMetrics:
     accepted: int = 0
     latencies: dict[str, list[float]] = field(default_factory=dict)  # priority name -> recent seconds
     sizer: dict[int, float] = field(default_factory=dict)
+    resent: int = 0      # rows sent again after the decoder replica holding them was lost (--engine ray)
 
     @property
     def acceptance_rate(self) -> float | None:

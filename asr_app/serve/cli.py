@@ -39,7 +39,36 @@ def build_parser() -> argparse.ArgumentParser:
                              "window (less work per re-decode on a CPU; a decode that loops is redone over the "
                              "whole window; docs/serving.md). Default: the whole window")
     parser.add_argument("--no-ui", action="store_true", help="serve the API only, without the web app at /")
+    scale = parser.add_argument_group("scaling out (docs/scale.md)")
+    scale.add_argument("--engine", choices=("local", "ray"), default="local",
+                       help="local: one process, one model pair (default); ray: on Ray Serve, the decoder as "
+                            "replicas that each load the pair and batch the rows that reach them")
+    scale.add_argument("--address", default=None,
+                       help="with --engine ray: join this Ray cluster (auto, or ray://host:port) instead of "
+                            "starting a local one")
+    scale.add_argument("--replicas", type=int, default=1, help="with --engine ray: decoder replicas (default 1)")
+    scale.add_argument("--min-replicas", type=int, default=None,
+                       help="with --engine ray: autoscale the decoder replicas between this and --max-replicas "
+                            "on their queue depth")
+    scale.add_argument("--max-replicas", type=int, default=None, help="with --engine ray: see --min-replicas")
+    scale.add_argument("--gpus-per-replica", type=float, default=0.0,
+                       help="with --engine ray: GPUs each decoder replica reserves (fractions share a GPU)")
     return parser
+
+
+def ray_options_from_args(args: argparse.Namespace):
+    from asr_app.serve.ray_engine import RayServeOptions
+
+    if args.engine != "ray":
+        scaled = [f"--{name.replace('_', '-')}" for name in ("address", "min_replicas", "max_replicas")
+                  if getattr(args, name) is not None]
+        scaled += ["--replicas"] * (args.replicas != 1) + ["--gpus-per-replica"] * (args.gpus_per_replica != 0)
+        if scaled:
+            raise ValueError(f"{', '.join(scaled)} only apply with --engine ray")
+        return None
+    return RayServeOptions(address=args.address, replicas=args.replicas, min_replicas=args.min_replicas,
+                           max_replicas=args.max_replicas, gpus_per_replica=args.gpus_per_replica,
+                           cpus_per_replica=float(args.threads or 1))
 
 
 def limits_from_args(args: argparse.Namespace) -> ServiceLimits:
@@ -54,8 +83,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from asr_app.serve.security import AccessSettings, check_binding
     from asr_app.ui.app import _port_problem
 
+    if args.engine == "ray":
+        from asr_app.serve.ray_engine import ray_serve_problem
+        if (missing := ray_serve_problem()) is not None:
+            print(f"asr-serve: error: {missing}", file=sys.stderr)
+            return 2
     try:
         limits = limits_from_args(args)
+        ray_options = ray_options_from_args(args)
         if args.live_encoder_context is not None and not 0 <= args.live_encoder_context <= 30:
             raise ValueError(f"--live-encoder-context must lie in [0, 30] seconds, got {args.live_encoder_context}")
     except ValueError as exc:
@@ -66,6 +101,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problem:
             print(f"asr-serve: error: {problem}", file=sys.stderr)
         return 2
+    schedule = tuple(args.temperature) if len(args.temperature) > 1 else ()
+    access = AccessSettings(api_key=args.api_key, cors_origins=tuple(args.cors_origin))
+    if ray_options is not None:
+        return serve_on_ray(args, ray_options, {"limits": limits, "access": access, "schedule": schedule,
+                                                "live_encoder_context_s": args.live_encoder_context,
+                                                "mount_ui": not args.no_ui, "retries": ray_options.retries})
     decoder = load_decoder_or_report(args, "asr-serve")
     if decoder is None:
         return 2
@@ -74,16 +115,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     from asr_app.serve.app import build_app
     from asr_app.ui.engine import UiEngine
 
-    schedule = tuple(args.temperature) if len(args.temperature) > 1 else ()
     engine = UiEngine.from_decoder(decoder, limits=limits).sharing(schedule=schedule,
                                                                    live_encoder_context_s=args.live_encoder_context)
-    app = build_app(engine, AccessSettings(api_key=args.api_key, cors_origins=tuple(args.cors_origin)),
-                    mount_ui=not args.no_ui)
+    app = build_app(engine, access, mount_ui=not args.no_ui)
     print(f"models loaded: {engine.describe()}; serving on http://{args.host}:{args.port}", flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10)
     finally:
         engine.scheduler.close()
+    return 0
+
+
+def serve_on_ray(args: argparse.Namespace, options, settings: dict) -> int:
+    from asr_app.serve import ray_launch
+
+    try:
+        ray_launch.start(args, settings, options)
+    except Exception as exc:  # noqa: BLE001 - a replica that cannot load its models, a cluster out of reach
+        print(f"asr-serve: error: the service did not start on Ray Serve: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        ray_launch.stop_service(options)
+        return 2
+    scaling = (f"{options.min_replicas}-{options.max_replicas} decoder replicas (autoscaled)"
+               if options.min_replicas is not None else f"{options.replicas} decoder replica(s)")
+    print(f"models loaded on Ray Serve ({scaling}); serving on http://{args.host}:{args.port}", flush=True)
+    ray_launch.serve_until_stopped(options)
     return 0
 
 

@@ -4,7 +4,8 @@ The client connects with its audio's format in the query (`sample_rate`, `encodi
 and its decoding choices (`mode`, `temperature`, `language`), sends audio as binary frames and
 `{"type": "stop"}` as a text frame when it is done. The server answers with JSON text frames: `ready`
 (the session), the streaming events `asr-stream --jsonl` prints (`partial`, `commit` with word times),
-`error` for a refused chunk (the session goes on), and, after a stop, `stats` and `done`. Each session is
+`error` for a refused chunk (the session goes on), `flushed` once the audio sent before a `{"type": "flush"}`
+frame is decoded, and, after a stop, `stats` and `done`. Each session is
 a `LiveSession` whose re-decodes go through the shared scheduler; the session's place is given back when
 the client stops or goes away.
 """
@@ -113,7 +114,15 @@ async def _receive_audio(ws: WebSocket, engine: UiEngine, session: LiveSession, 
                 command = None
             if isinstance(command, dict) and command.get("type") in ("stop", "finish", "eos"):
                 return True
-            await ws.send_json({"kind": "error", "message": 'text frames are commands: send {"type": "stop"}'})
+            if isinstance(command, dict) and command.get("type") == "flush":
+                # Decode everything sent so far before answering: a client that waits for "flushed" after
+                # each frame gets the same steps, so the same text, however busy the server is.
+                await run_in_threadpool(session.drain)
+                await _flush(ws, session)
+                await ws.send_json({"kind": "flushed", "audio_s": round(session.processed_s, 3)})
+                continue
+            await ws.send_json({"kind": "error",
+                                "message": 'text frames are commands: send {"type": "stop"} or {"type": "flush"}'})
             continue
         data = message.get("bytes") or b""
         try:

@@ -29,6 +29,8 @@ class SchedulerCollector:
         yield CounterMetricFamily("asr_batches", "Batches decoded", m.batches)
         yield CounterMetricFamily("asr_rows", "Rows (requests) decoded", m.rows)
         yield CounterMetricFamily("asr_failed_rows", "Rows whose decode failed", m.failed)
+        yield CounterMetricFamily("asr_rows_resent", "Rows sent again after their decoder replica was lost",
+                                  m.resent)
         rows = GaugeMetricFamily("asr_batches_by_rows", "Batches decoded, by rows per batch", labels=["rows"])
         for size, count in sorted(m.rows_per_batch.items()):
             rows.add_metric([str(size)], count)

@@ -1,0 +1,284 @@
+"""`asr-serve --engine ray`: the same service on Ray Serve (docs/scale.md, "The live service on Ray Serve").
+
+Two deployments:
+- `DecoderReplica` (N replicas, or autoscaled between bounds): each loads the model pair once and owns one
+  `Scheduler`, the same one the one-process server runs. A replica accepts many requests at once (a high
+  `max_ongoing_requests`), so the rows of every session that reach it meet in its queue and are batched
+  there by their compatibility keys, priorities and fairness: things Ray Serve's `@serve.batch` cannot
+  see (it batches calls of one signature by arrival only).
+- `Ingress` (one replica): the very FastAPI app of `asr-serve` (API, WebSocket, web app). Its engine's
+  scheduler is a `RemoteScheduler`, which sends each row to the decoder deployment. A live session's
+  streaming state (buffer, committed words, policy) stays here, where its WebSocket is held; only
+  stateless re-decodes travel. A row whose replica died before answering is sent again (to a live
+  replica: Serve routes around the dead one and starts a new one). At T = 0 a decode is a function of its
+  row, so the stream goes on as if nothing happened; nothing was committed from the lost answer.
+
+Replicas publish their scheduler's figures to a `MetricsBoard` actor every second; `/metrics` and
+`/health` read the sum over replicas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from asr_app.decoding.options import DecodingOptions, DecodingResult
+from asr_app.scheduler import FILE, ScheduledDecoder, SchedulerBusy, SchedulerClosed, SchedulerMetrics
+
+log = logging.getLogger(__name__)
+
+INSTALL_LINE = 'pip install "ray[serve]>=2.40"   (or, in a checkout: pip install -e ".[serve-ray]")'
+APP_NAME = "asr"
+BOARD_NAME = "asr-serve-metrics"
+PUBLISH_EVERY_S = 1.0
+FRESH_S = 5.0          # a replica silent for longer is gone: its queue no longer counts (its totals do)
+
+
+def ray_serve_problem() -> str | None:
+    """Why `--engine ray` cannot run here (one line with the install command), or None."""
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError as exc:
+        return f"--engine ray needs Ray Serve, which is not installed here ({exc}). Install it: {INSTALL_LINE}"
+    return None
+
+
+@dataclass(frozen=True)
+class RayServeOptions:
+    """How the decoder deployment is laid out (asr-serve's --address/--replicas/... options)."""
+
+    address: str | None = None        # None: start a local Ray instance; "auto" or ray://host:port: join one
+    replicas: int = 1
+    min_replicas: int | None = None   # both bounds given: autoscaled on the replicas' queue depth
+    max_replicas: int | None = None
+    gpus_per_replica: float = 0.0
+    cpus_per_replica: float = 1.0
+    target_queue: int = 4             # autoscaling aims at this many requests waiting or decoding per replica
+    max_ongoing: int = 256            # requests one replica holds at once (its scheduler batches them)
+    retries: int = 5                  # sends of one row before its replica's loss is the caller's error
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"--replicas must be at least 1, got {self.replicas}")
+        if (self.min_replicas is None) != (self.max_replicas is None):
+            raise ValueError("give both --min-replicas and --max-replicas (autoscaling), or neither")
+        if self.min_replicas is not None and not (0 <= self.min_replicas <= self.max_replicas and self.max_replicas >= 1):
+            raise ValueError(f"need 0 <= --min-replicas <= --max-replicas and --max-replicas >= 1, got "
+                             f"{self.min_replicas} and {self.max_replicas}")
+        if self.gpus_per_replica < 0 or self.cpus_per_replica < 0:
+            raise ValueError("--gpus-per-replica and the threads per replica must not be negative")
+
+    def scaling(self) -> dict[str, Any]:
+        """The decoder deployment's replica count or autoscaling config."""
+        if self.min_replicas is None:
+            return {"num_replicas": self.replicas}
+        return {"autoscaling_config": {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
+                                       "initial_replicas": max(self.min_replicas, 1),
+                                       "target_ongoing_requests": self.target_queue,
+                                       "upscale_delay_s": 5.0, "downscale_delay_s": 60.0}}
+
+
+# -- figures from every replica -----------------------------------------------------------------
+
+class MetricsBoard:
+    """A Ray actor: the last figures each decoder replica published (bounded: the newest 64 replicas)."""
+
+    def __init__(self) -> None:
+        self._boards: dict[str, tuple[float, int, SchedulerMetrics]] = {}
+
+    def publish(self, replica: str, pid: int, metrics: SchedulerMetrics) -> None:
+        self._boards[replica] = (time.time(), pid, metrics)
+        if len(self._boards) > 64:
+            oldest = min(self._boards, key=lambda k: self._boards[k][0])
+            del self._boards[oldest]
+
+    def snapshot(self) -> dict[str, tuple[float, int, SchedulerMetrics]]:
+        return dict(self._boards)
+
+
+def merge_metrics(boards: dict[str, tuple[float, int, SchedulerMetrics]], now: float) -> SchedulerMetrics:
+    """The sum over replicas: totals from every replica that ever published, queues from the live ones."""
+    total = SchedulerMetrics()
+    for seen, _pid, m in boards.values():
+        if now - seen <= FRESH_S:
+            total.queue_depth += m.queue_depth
+        total.batches += m.batches
+        total.rows += m.rows
+        total.failed += m.failed
+        total.busy_s += m.busy_s
+        total.audio_s += m.audio_s
+        total.drafted += m.drafted
+        total.accepted += m.accepted
+        for size, count in m.rows_per_batch.items():
+            total.rows_per_batch[size] = total.rows_per_batch.get(size, 0) + count
+        for name, values in m.latencies.items():
+            total.latencies.setdefault(name, []).extend(values)
+    return total
+
+
+# -- the decoder deployment's body ----------------------------------------------------------------
+
+class DecoderReplica:
+    """One replica: the model pair loaded once, one scheduler batching every row that reaches it."""
+
+    def __init__(self, model_args: argparse.Namespace, board: Any = None) -> None:
+        from asr_app.arguments import decoder_from_args
+        from asr_app.scheduler import Scheduler
+
+        self.scheduler = Scheduler(decoder_from_args(model_args))
+        self.name = _replica_name()
+        self._board = board
+        self._stopped = threading.Event()
+        if board is not None:
+            threading.Thread(target=self._publish, name="asr-metrics-publisher", daemon=True).start()
+
+    async def decode(self, clip: np.ndarray, options: DecodingOptions, prompt: Any, hint: Sequence[int] | None,
+                     priority: int, session: str) -> DecodingResult:
+        future = self.scheduler.submit(clip, options, prompt, hint, priority=priority, session=session)
+        return await asyncio.wrap_future(future)
+
+    def metrics(self) -> SchedulerMetrics:
+        return self.scheduler.metrics()
+
+    def _publish(self) -> None:
+        pid = os.getpid()
+        while not self._stopped.wait(PUBLISH_EVERY_S):
+            try:
+                self._board.publish.remote(self.name, pid, self.scheduler.metrics())
+            except Exception:  # noqa: BLE001 - the board is gone (shutting down): stop publishing
+                return
+
+    def __del__(self) -> None:
+        self._stopped.set()
+
+
+def _replica_name() -> str:
+    try:
+        from ray import serve
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # noqa: BLE001 - outside a Serve replica (tests): the process is the replica
+        return f"pid-{os.getpid()}"
+
+
+# -- the ingress's side ----------------------------------------------------------------------------
+
+@dataclass
+class RemoteScheduler:
+    """What the front ends need of a `Scheduler` (`submit`, `cancel`, `client`, `metrics`, `close`, `pair`),
+    with the decoding done by the decoder deployment. Each row is one call; a call whose replica died is
+    made again, up to `retries` times."""
+
+    handle: Any                     # DeploymentHandle of DecoderReplica
+    pair: Any                       # the ingress's copy of the pair: tokenizer, configs, names
+    default_options: DecodingOptions
+    board: Any = None
+    retries: int = 5
+    max_queue: int = 512
+    retry_wait_s: float = 0.5
+    resent: int = 0                 # rows sent again after their replica died
+    _pool: ThreadPoolExecutor = field(init=False, repr=False)
+    _waiting: int = field(default=0, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _closed: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="asr-remote-row")
+
+    def submit(self, clip: np.ndarray, options: DecodingOptions, prompt: Any = None,
+               hint: Sequence[int] | None = None, *, priority: int = FILE, session: str = "") -> Future:
+        with self._lock:
+            if self._closed:
+                raise SchedulerClosed("the decoder is shutting down")
+            if self._waiting >= self.max_queue:
+                raise SchedulerBusy(f"the decoders have {self._waiting} requests waiting; try again shortly")
+            self._waiting += 1
+        future = self._pool.submit(self._call, clip, options, prompt, hint, priority, session)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, _future: Future) -> None:
+        with self._lock:
+            self._waiting -= 1
+
+    def _call(self, clip, options, prompt, hint, priority, session) -> DecodingResult:
+        lost = _replica_loss_errors()
+        for attempt in range(1, self.retries + 1):
+            try:
+                return self.handle.decode.remote(clip, options, prompt, hint, priority, session).result()
+            except lost as exc:
+                if attempt == self.retries:
+                    raise RuntimeError(f"the decoder replica was lost {attempt} times in a row: {exc}") from exc
+                with self._lock:
+                    self.resent += 1
+                log.warning("a decoder replica was lost (%s); sending the row again", type(exc).__name__)
+                time.sleep(self.retry_wait_s * attempt)
+        raise AssertionError("unreachable")
+
+    def cancel(self, future: Future) -> bool:
+        return future.cancel()
+
+    def client(self, options: DecodingOptions | None = None, *, priority: int = FILE, session: str = "",
+               timeout_s: float | None = None) -> ScheduledDecoder:
+        return ScheduledDecoder(self, options or self.default_options, priority, session, timeout_s)
+
+    def metrics(self) -> SchedulerMetrics:
+        if self.board is None:
+            return SchedulerMetrics(queue_depth=self._waiting, resent=self.resent)
+        import ray
+        merged = merge_metrics(ray.get(self.board.snapshot.remote(), timeout=10), time.time())
+        merged.queue_depth = max(merged.queue_depth, self._waiting)   # rows on their way count as queued
+        merged.resent = self.resent
+        return merged
+
+    def replicas(self) -> dict[str, int]:
+        """Replica name -> process id of the replicas that published lately (the kill test reads it)."""
+        import ray
+        now = time.time()
+        boards = ray.get(self.board.snapshot.remote(), timeout=10) if self.board is not None else {}
+        return {name: pid for name, (seen, pid, _m) in boards.items() if now - seen <= FRESH_S}
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        with self._lock:
+            self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _replica_loss_errors() -> tuple[type[BaseException], ...]:
+    """The errors a call raises when its replica died or could not be reached (not the decode's own errors)."""
+    from ray import exceptions as rx
+    names = ("ActorDiedError", "ActorUnavailableError", "RayActorError", "WorkerCrashedError", "NodeDiedError")
+    return tuple(getattr(rx, n) for n in names if hasattr(rx, n))
+
+
+class Ingress:
+    """The ingress deployment's body: asr-serve's FastAPI app over a `RemoteScheduler`."""
+
+    def __init__(self, decoder_handle: Any, board: Any, model_args: argparse.Namespace, settings: dict) -> None:
+        from asr_app.arguments import decoder_from_args
+        from asr_app.ui.engine import UiEngine
+
+        local_args = copy.copy(model_args)
+        local_args.device, local_args.dtype = "cpu", "auto"   # tokenizer and configs only: never on a GPU
+        decoder = decoder_from_args(local_args)
+        remote = RemoteScheduler(decoder_handle, decoder.pair, decoder.options, board,
+                                 retries=settings.get("retries", 5))
+        self.engine = UiEngine(pair=decoder.pair, base_options=decoder.options, decoder=decoder, scheduler=remote,
+                               limits=settings["limits"], schedule=settings.get("schedule", ()),
+                               live_encoder_context_s=settings.get("live_encoder_context_s"))
+        self.settings = settings
+
+    def __serve_build_asgi_app__(self):
+        from asr_app.serve.app import build_app
+        return build_app(self.engine, self.settings["access"], mount_ui=self.settings.get("mount_ui", True))

@@ -1,0 +1,198 @@
+"""`asr-serve --engine ray`: the service on a real local Ray Serve (two decoder replicas of the real tiny.en
+pair, one ingress with the API, the WebSocket and the web app), driven by the official `openai` package and a
+real WebSocket client. A decoder replica is killed with SIGKILL in the middle of live streams and uploads:
+every stream's committed text and every upload's text equals the run without the kill, and nothing fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, REPO_ROOT, TINY_EN_DIR, lj_clip
+from test_serve import KEY, client, metrics, start_server
+from test_ui_server import free_port, stop
+from websockets.asyncio.client import connect
+
+pytest.importorskip("ray.serve", reason="Ray Serve is part of the dev extra")
+
+from asr_app.scheduler import SchedulerMetrics  # noqa: E402
+from asr_app.serve.ray_engine import RayServeOptions, merge_metrics  # noqa: E402
+
+REPLICA_TITLE = b"ServeReplica:asr:DecoderReplica"
+STREAMS = [lj_clip("LJ001-0004"), lj_clip("LJ001-0008")]
+UPLOADS = [JFK_FLAC, lj_clip("LJ001-0002"), lj_clip("LJ001-0004"), lj_clip("LJ001-0008")]
+FRAME = 8000   # 0.5 s at 16 kHz
+
+
+@pytest.fixture(scope="module")
+def ray_service(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ray-serve")
+    port = free_port()
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
+               RAY_USAGE_STATS_ENABLED="0")
+    cmd = [sys.executable, "-m", "asr_app.serve.cli", "--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR),
+           "--device", "cpu", "--threads", "1", "--port", str(port), "--api-key", KEY, "--engine", "ray",
+           "--replicas", "2"]
+    proc, url = start_server(cmd, env, folder / "server.log", port)
+    try:
+        yield url
+    finally:
+        stop(proc)
+        proc.wait(60)
+    assert not replica_pids(), "the decoder replicas outlived asr-serve"
+
+
+def replica_pids() -> list[int]:
+    """Process ids of the running decoder replicas (Ray names each replica's process after it)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and REPLICA_TITLE in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue   # the process ended while we looked
+    return sorted(pids)
+
+
+async def lockstep_stream(url: str, path: Path) -> str:
+    """Stream `path` in 0.5 s frames, each one decoded before the next is sent (the `flush` command), so the
+    committed text does not depend on the server's load; the text committed at the end."""
+    audio, _ = sf.read(str(path), dtype="int16")
+    ws_url = url.replace("http://", "ws://") + f"/v1/live?sample_rate=16000&mode=exact&temperature=0&api_key={KEY}"
+    async with connect(ws_url) as ws:
+        assert json.loads(await ws.recv())["kind"] == "ready"
+        for i in range(0, len(audio), FRAME):
+            await ws.send(audio[i:i + FRAME].tobytes())
+            await ws.send(json.dumps({"type": "flush"}))
+            while (event := json.loads(await ws.recv()))["kind"] != "flushed":
+                assert event["kind"] != "error", event
+        await ws.send(json.dumps({"type": "stop"}))
+        async for message in ws:
+            event = json.loads(message)
+            assert event["kind"] != "error", event
+            if event["kind"] == "done":
+                return event["text"]
+    raise AssertionError("the stream closed without its done event")
+
+
+def upload(url: str, path: Path) -> str:
+    with open(path, "rb") as f:
+        return client(url).audio.transcriptions.create(model="whisper-1", file=f, temperature=0.0).text
+
+
+def run_load(url: str, beside=None) -> tuple[list[str], list[str]]:
+    """The streams and the uploads at once (and `beside` in a thread of its own): (committed texts, upload
+    texts)."""
+    async def streams():
+        return await asyncio.gather(*(lockstep_stream(url, path) for path in STREAMS))
+
+    with ThreadPoolExecutor(len(UPLOADS) + 1) as pool:
+        other = pool.submit(beside) if beside else None
+        uploads = [pool.submit(upload, url, path) for path in UPLOADS]
+        texts = asyncio.run(streams())
+        if other is not None:
+            other.result()
+        return texts, [f.result() for f in uploads]
+
+
+def cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])   # utime + stime
+
+
+def kill_a_busy_replica(pids: list[int], killed: list[int], wait_s: float = 1.0, timeout_s: float = 20.0) -> None:
+    """After `wait_s`, SIGKILL the first replica seen decoding (over half a CPU in 0.1 s), so the kill hits
+    rows in flight rather than an idle process."""
+    time.sleep(wait_s)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        start = {pid: cpu_ticks(pid) for pid in pids}
+        time.sleep(0.1)
+        for pid in pids:
+            if cpu_ticks(pid) - start[pid] >= 5:   # 5 ticks of 10 ms
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+    raise AssertionError("no decoder replica was seen busy")
+
+
+def test_a_killed_decoder_replica_loses_nothing(ray_service):
+    url = ray_service
+    before = replica_pids()
+    assert len(before) == 2, before
+    calm_streams, calm_uploads = run_load(url)
+    assert all(calm_streams) and all(calm_uploads), (calm_streams, calm_uploads)
+    assert "ask not what your country can do for you" in calm_uploads[0]
+    resent_before = metrics(url)["asr_rows_resent_total"]
+
+    killed: list[int] = []
+    streams, uploads = run_load(url, lambda: kill_a_busy_replica(before, killed))
+    assert killed
+    assert streams == calm_streams
+    assert uploads == calm_uploads
+    time.sleep(1.5)   # the replicas publish their figures every second
+    figures = metrics(url)
+    assert figures.get('asr_http_responses_total{status="5xx"}', 0) == 0, figures
+    assert figures["asr_rows_resent_total"] > resent_before, figures   # rows in flight went again
+    assert figures["asr_rows_total"] > 0 and figures["asr_batches_total"] > 0, figures
+
+    deadline = time.monotonic() + 120   # Serve starts a replacement for the dead replica
+    while len(now := replica_pids()) < 2 or killed[0] in now:
+        assert time.monotonic() < deadline, f"no replacement replica: {now}"
+        time.sleep(1)
+
+
+def test_the_web_app_and_health_come_through_the_ingress(ray_service):
+    with urllib.request.urlopen(ray_service + "/health", timeout=10) as response:
+        health = json.loads(response.read())
+    assert health["status"] == "ok" and health["model"] == "whisper-tiny.en+draft", health
+    with urllib.request.urlopen(ray_service + "/", timeout=30) as response:
+        page = response.read().decode()
+    assert response.status == 200 and "gradio" in page.lower()
+
+
+def test_engine_ray_without_ray_installed_fails_before_loading_with_the_install_line(tmp_path):
+    # Ray hidden from the interpreter; the target does not exist, so loading anything would fail differently.
+    code = ("import sys; sys.modules['ray'] = None; sys.modules['ray.serve'] = None; "
+            "from asr_app.serve.cli import main; sys.exit(main(sys.argv[1:]))")
+    run = subprocess.run([sys.executable, "-c", code, "--engine", "ray", "--target", str(tmp_path / "nowhere")],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert 'pip install "ray[serve]' in run.stderr and "nowhere" not in run.stderr, run.stderr
+
+
+def test_scaling_options_are_checked():
+    assert RayServeOptions(replicas=3).scaling() == {"num_replicas": 3}
+    auto = RayServeOptions(min_replicas=1, max_replicas=4).scaling()["autoscaling_config"]
+    assert (auto["min_replicas"], auto["max_replicas"]) == (1, 4)
+    for bad in ({"replicas": 0}, {"min_replicas": 1}, {"min_replicas": 3, "max_replicas": 2},
+                {"min_replicas": 0, "max_replicas": 0}, {"gpus_per_replica": -1}):
+        with pytest.raises(ValueError):
+            RayServeOptions(**bad)
+    from asr_app.serve.cli import main
+    assert main(["--replicas", "2", "--target", "x"]) == 2   # a Ray option without --engine ray
+
+
+def test_metrics_of_replicas_add_up_and_a_silent_replica_leaves_the_queue():
+    a = SchedulerMetrics(queue_depth=3, batches=2, rows=5, rows_per_batch={1: 1, 4: 1}, busy_s=1.0, audio_s=10.0,
+                         drafted=10, accepted=7, latencies={"live": [0.1], "file": []})
+    b = SchedulerMetrics(queue_depth=4, batches=1, rows=1, rows_per_batch={1: 1}, busy_s=0.5, audio_s=2.0,
+                         drafted=4, accepted=1, latencies={"live": [0.3], "file": [2.0]})
+    merged = merge_metrics({"a": (100.0, 1, a), "b": (90.0, 2, b)}, now=101.0)
+    assert merged.queue_depth == 3   # b published 11 s ago: gone, its queue with it; its totals stay
+    assert (merged.batches, merged.rows, merged.rows_per_batch) == (3, 6, {1: 2, 4: 1})
+    assert (merged.drafted, merged.accepted, merged.audio_s) == (14, 8, 12.0)
+    assert sorted(merged.latencies["live"]) == [0.1, 0.3] and merged.latencies["file"] == [2.0]
+    assert np.isclose(merged.busy_s, 1.5)
