@@ -154,13 +154,17 @@ def test_a_killed_decoder_replica_loses_nothing(ray_service):
         time.sleep(1)
 
 
-def test_the_web_app_and_health_come_through_the_ingress(ray_service):
+def test_the_web_app_its_file_tab_and_health_come_through_the_ingress(ray_service):
     with urllib.request.urlopen(ray_service + "/health", timeout=10) as response:
         health = json.loads(response.read())
     assert health["status"] == "ok" and health["model"] == "whisper-tiny.en+draft", health
     with urllib.request.urlopen(ray_service + "/", timeout=30) as response:
         page = response.read().decode()
     assert response.status == 200 and "gradio" in page.lower()
+    from gradio_client import Client, handle_file
+    web = Client(ray_service + "/", verbose=False)
+    _message, text, *_ = web.predict(handle_file(str(JFK_FLAC)), "exact", 0.0, api_name="/transcribe_file")
+    assert "ask not what your country can do for you" in text, text
 
 
 def test_engine_ray_without_ray_installed_fails_before_loading_with_the_install_line(tmp_path):
