@@ -181,6 +181,7 @@ def test_scaling_options_are_checked():
     assert RayServeOptions(replicas=3).scaling() == {"num_replicas": 3}
     auto = RayServeOptions(min_replicas=1, max_replicas=4).scaling()["autoscaling_config"]
     assert (auto["min_replicas"], auto["max_replicas"]) == (1, 4)
+    assert RayServeOptions(min_replicas=1, max_replicas=4, cpus_per_replica=2).cpus_needed == 8
     for bad in ({"replicas": 0}, {"min_replicas": 1}, {"min_replicas": 3, "max_replicas": 2},
                 {"min_replicas": 0, "max_replicas": 0}, {"gpus_per_replica": -1}):
         with pytest.raises(ValueError):

@@ -69,6 +69,11 @@ class RayServeOptions:
     max_ongoing: int = 256            # requests one replica holds at once (its scheduler batches them)
     retries: int = 5                  # sends of one row before its replica's loss is the caller's error
 
+    @property
+    def cpus_needed(self) -> float:
+        """CPU slots the decoder replicas reserve at their most."""
+        return self.cpus_per_replica * (self.max_replicas if self.max_replicas is not None else self.replicas)
+
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"--replicas must be at least 1, got {self.replicas}")
@@ -194,7 +199,9 @@ class RemoteScheduler:
     _closed: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="asr-remote-row")
+        # One waiting thread per row in flight, up to the queue bound: a row never waits here behind
+        # another (priorities are the replicas' schedulers' business).
+        self._pool = ThreadPoolExecutor(max_workers=self.max_queue, thread_name_prefix="asr-remote-row")
 
     def submit(self, clip: np.ndarray, options: DecodingOptions, prompt: Any = None,
                hint: Sequence[int] | None = None, *, priority: int = FILE, session: str = "") -> Future:

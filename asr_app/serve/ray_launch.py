@@ -4,6 +4,8 @@ board, the decoder deployment and the ingress (asr_app/serve/ray_engine.py says 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import signal
 import threading
 from typing import Any
@@ -25,8 +27,11 @@ def start(args: argparse.Namespace, settings: dict[str, Any], options: RayServeO
     import ray
     from ray import serve
 
+    # A local instance gets a CPU slot for every replica's threads even past the core count (the threads
+    # then share cores, as the user asked): otherwise Serve would wait forever for slots that never come.
+    slots = {} if options.address else {"num_cpus": max(os.cpu_count() or 1, math.ceil(options.cpus_needed))}
     ray.init(address=options.address, include_dashboard=False, logging_level="WARNING",
-             namespace="asr-serve", ignore_reinit_error=True)
+             namespace="asr-serve", ignore_reinit_error=True, **slots)
     serve.start(http_options={"host": args.host, "port": args.port},
                 logging_config=QUIET)
     board = ray.remote(MetricsBoard).options(name=BOARD_NAME, num_cpus=0, get_if_exists=True).remote()
