@@ -1,10 +1,11 @@
 """Every option of every front end is honoured or refused (issue 31, part 2).
 
-The four front ends (asr-transcribe, asr-stream, asr-eval, python app.py) are enumerated from their own
-argparse parsers, and each is run, models and audio faked, once with its defaults and once with each
-option set: an option is honoured when what the front end builds from it (the loader's arguments, the
+The five front ends (asr-transcribe, asr-stream, asr-eval, python app.py, asr-serve) are enumerated from
+their own argparse parsers, and each is run, models and audio faked, once with its defaults and once with
+each option set: an option is honoured when what the front end builds from it (the loader's arguments, the
 decoding, runtime, long-form, streaming, cluster or evaluation options, the web page's starting controls,
-the server's launch arguments, the outputs) differs; refused when the run stops with exit status 2 and one
+the server's launch arguments, the service's engine, access and what a client gets by default, the Ray Serve
+deployments, the outputs) differs; refused when the run stops with exit status 2 and one
 error line before any model loads. An option added without being wired anywhere changes nothing and fails
 here, even when nobody adds it to the tables below: options missing from them get a probe of their own
 (a flag, another choice, a changed number) that must be honoured.
@@ -33,21 +34,24 @@ from asr_app.cli import stream as stream_cli
 from asr_app.cli import transcribe as transcribe_cli
 from asr_app.decoding.options import Segment, Word
 from asr_app.eval import cli as eval_cli
+from asr_app.serve import cli as serve_cli
 from asr_app.streaming import StreamEvent
 from asr_app.streaming import Word as StreamWord
 from asr_app.transcript import Transcript
 from asr_app.ui import app as ui_app
 
 PARSERS = {"asr-transcribe": lambda: transcribe_cli.build_parser(), "asr-stream": lambda: stream_cli.build_parser(),
-           "asr-eval": lambda: eval_cli.build_parser(), "app.py": lambda: ui_app.build_parser()}
-BASE_ARGV = {"asr-transcribe": "IN", "asr-stream": "--simulate AUDIO", "asr-eval": "", "app.py": ""}
+           "asr-eval": lambda: eval_cli.build_parser(), "app.py": lambda: ui_app.build_parser(),
+           "asr-serve": lambda: serve_cli.build_parser()}
+BASE_ARGV = {"asr-transcribe": "IN", "asr-stream": "--simulate AUDIO", "asr-eval": "", "app.py": "",
+             "asr-serve": ""}
 
 # A probe is "X:ARGV" or "X:ARGV | BASELINE": the front end run with ARGV and with BASELINE (default: none),
 # each after the front end's BASE_ARGV unless it starts with "=", in a fresh folder where IN is a folder of
 # two clips (one in a sub-folder), AUDIO one clip, OUT an output folder and DONE one that already holds
 # a.txt. X is H (honoured: what the run builds differs), H! (honoured, on stderr: a progress line or the
 # statistics) or R (refused). Options absent here get automatic probes that must be honoured.
-T, S, E, A = "asr-transcribe", "asr-stream", "asr-eval", "app.py"
+T, S, E, A, V = "asr-transcribe", "asr-stream", "asr-eval", "app.py", "asr-serve"
 MODEL_PROBES = {
     "model": ["H:--model base", "H:--model org/whisper-x"],
     "target": ["H:--target org/whisper-x"],
@@ -107,6 +111,53 @@ PROBES: dict[str, dict[str, list[str]]] = {
         "temperature": ["H:--temperature 0.4", "H:--temperature 0,0.5,1"],
         "alpha": ["H:--alpha -10"],  # the web app offers sigmoid beside the other modes
         "beta": ["H:--beta 10"],
+        },
+    # asr-serve: "--engine ray" runs the Ray Serve path with Ray faked (what it would deploy is recorded, the
+    # bodies of its deployments are built here); a port below 1024 cannot be bound (the fake _port_problem)
+    V: {**MODEL_PROBES,
+        "model": ["H:--model base", "H:--engine ray --model base | --engine ray"],  # what each replica loads
+        "device": ["H:--device cpu", "H:--engine ray --device cpu | --engine ray"],
+        "mode": ["H:--mode off", "H:--mode sigmoid", "R:--mode hf"],  # requests and sessions decode in these
+        "temperature": ["H:--temperature 0.4", "H:--temperature 0,0.5,1",
+                        "H:--engine ray --temperature 0,0.5,1 | --engine ray"],
+        "task": ["H:--task translate"],  # live sessions translate; an upload picks its endpoint
+        "threads": ["H:--threads 2", "H:--engine ray --threads 2 | --engine ray"],  # a replica's CPU slots
+        "host": ["H:--host localhost", "H:--host 0.0.0.0 --api-key secret-key-1 | --api-key secret-key-1",
+                 "H:--engine ray --host localhost | --engine ray", "R:--host 0.0.0.0",
+                 "R:--engine ray --host 0.0.0.0"],
+        "port": ["H:--port 8123", "H:--engine ray --port 8123 | --engine ray", "R:--port 80"],
+        "api_key": ["H:--api-key secret-key-1", "H:--engine ray --api-key secret-key-1 | --engine ray",
+                    "R:--api-key short"],
+        "cors_origin": ["H:--cors-origin https://a.example",
+                        "H:--cors-origin https://a.example --cors-origin https://b.example "
+                        "| --cors-origin https://a.example",
+                        "H:--engine ray --cors-origin https://a.example | --engine ray"],
+        "max_sessions": ["H:--max-sessions 2", "H:--engine ray --max-sessions 2 | --engine ray",
+                         "R:--max-sessions 0"],
+        "max_upload_mb": ["H:--max-upload-mb 5", "R:--max-upload-mb 0"],
+        "max_upload_minutes": ["H:--max-upload-minutes 1", "R:--max-upload-minutes -1"],
+        "max_chunk_seconds": ["H:--max-chunk-seconds 2", "R:--max-chunk-seconds 0"],
+        "request_timeout": ["H:--request-timeout 30", "H:--engine ray --request-timeout 30 | --engine ray",
+                            "R:--request-timeout 0"],
+        "live_encoder_context": ["H:--live-encoder-context 4", "H:--live-encoder-context 0",
+                                 "H:--engine ray --live-encoder-context 4 | --engine ray",
+                                 "R:--live-encoder-context 40", "R:--live-encoder-context -1"],
+        "no_ui": ["H:--no-ui", "H:--engine ray --no-ui | --engine ray"],
+        "engine": ["H:--engine ray"],
+        "address": ["H:--engine ray --address auto | --engine ray", "R:--address auto"],
+        "replicas": ["H:--engine ray --replicas 2 | --engine ray", "R:--replicas 2",
+                     "R:--engine ray --replicas 0",
+                     "R:--engine ray --replicas 2 --min-replicas 1 --max-replicas 3"],  # autoscaled instead
+        "min_replicas": ["H:--engine ray --min-replicas 1 --max-replicas 3 | --engine ray",
+                         "H:--engine ray --min-replicas 0 --max-replicas 3 "
+                         "| --engine ray --min-replicas 1 --max-replicas 3",
+                         "R:--engine ray --min-replicas 1", "R:--min-replicas 1 --max-replicas 3",
+                         "R:--engine ray --min-replicas 3 --max-replicas 2"],
+        "max_replicas": ["H:--engine ray --min-replicas 1 --max-replicas 2 "
+                         "| --engine ray --min-replicas 1 --max-replicas 3",
+                         "R:--engine ray --max-replicas 3", "R:--max-replicas 3"],
+        "gpus_per_replica": ["H:--engine ray --gpus-per-replica 0.5 | --engine ray",
+                             "R:--gpus-per-replica 0.5", "R:--engine ray --gpus-per-replica -1"],
         },
 }
 
@@ -198,14 +249,28 @@ class FakeMicrophone:
         return iter([np.zeros(1600, np.float32)] * 3)
 
 
+class FakeRemoteScheduler:
+    """The Ray Serve ingress's scheduler: its rows would go to the decoder replicas."""
+
+    def __init__(self, handle, pair, default_options, board=None, **kwargs):
+        self.pair = pair
+
+    def client(self, options, **kwargs):
+        return SimpleNamespace(options=options, **kwargs)
+
+    def close(self) -> None:
+        pass
+
+
 class TtyOut(io.StringIO):
     def isatty(self) -> bool:
         return True
 
 
 # Built and then not what decides the outcome: the web app decodes with each session's options (`session`:
-# the launch's options with the page's starting controls), not with the launch decoder's own.
-UNUSED = {"app.py": {"decoding"}}
+# the launch's options with the page's starting controls), not with the launch decoder's own; asr-serve with
+# each request's and live session's (`upload`, `live`: what a client leaving every field out gets).
+UNUSED = {"app.py": {"decoding"}, "asr-serve": {"decoding"}}
 _PAGES: dict[tuple, list] = {}   # the web page's starting controls, by what they may depend on
 _BASELINES: dict[tuple, tuple] = {}
 
@@ -213,9 +278,14 @@ _BASELINES: dict[tuple, tuple] = {}
 @pytest.fixture
 def recorder(monkeypatch):
     """Models, Ray, audio sources, the evaluation and the web server replaced by recorders."""
+    import uvicorn
+
     import asr_app.decoding.engine
     import asr_app.longform
     import asr_app.models.loading
+    from asr_app.serve import api as serve_api
+    from asr_app.serve import app as serve_app
+    from asr_app.serve import ray_engine, ray_launch
 
     rec = Recorder()
     monkeypatch.setattr("asr_app.arguments.check_reachable", lambda spec: None)
@@ -290,13 +360,48 @@ def recorder(monkeypatch):
         return SimpleNamespace(launch=lambda **kw: rec.put("launch", kw))
 
     monkeypatch.setattr(ui_app, "build_app", build_app)
-    monkeypatch.setattr(ui_app, "_port_problem", lambda host, port: None)
+    monkeypatch.setattr(ui_app, "_port_problem",
+                        lambda host, port: None if port > 1023 else "Permission denied")
     monkeypatch.setattr(ui_app.signal, "signal", lambda *a: None)
     monkeypatch.setattr(ui_app.logging, "basicConfig", lambda **kw: None)
+    # asr-serve: the app's parts are recorded, with what a client leaving every field out decodes with (an
+    # upload as api.py builds its options, a live session as live.py does); nothing is served
+    monkeypatch.delenv("ASR_SERVE_API_KEY", raising=False)
+
+    def build_service(engine, access, mount_ui=True):
+        base = engine.base_options
+        rec.put("engine", [engine.limits, engine.schedule, engine.live_encoder_context_s, engine.streaming])
+        rec.put("access", [access, mount_ui])
+        upload = serve_api.TranscriptionRequest("transcribe", "whisper-1", base.language, None, "json",
+                                                base.temperature, (), False, None)
+        rec.put("upload", [serve_api.decoding_options(engine, upload), engine.fallback(upload.temperature)])
+        mode = base.mode if base.mode in engine.modes else engine.modes[0]
+        live = engine.session_decoder(mode, base.temperature, base.language or "auto", live=True)
+        rec.put("live", live.options)
+        return SimpleNamespace(engine=engine)
+
+    monkeypatch.setattr(serve_app, "build_app", build_service)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: rec.put("uvicorn", kw))
+
+    def start_on_ray(args, settings, options):  # asr-serve --engine ray: what ray_launch.start would deploy
+        rec.put("ray", {"address": options.address, "cpus_needed": options.cpus_needed,
+                        "scaling": options.scaling(),
+                        "replica": [options.cpus_per_replica, options.gpus_per_replica, options.max_ongoing],
+                        "http": [args.host, args.port]})
+        ingress = ray_engine.Ingress(None, None, args, settings)  # the deployments' bodies, built here
+        ingress.__serve_build_asgi_app__()
+        ray_engine.DecoderReplica(args).scheduler.close()  # what each replica loads (recorded last)
+
+    monkeypatch.setattr(ray_engine, "ray_serve_problem", lambda: None)
+    monkeypatch.setattr(ray_engine, "RemoteScheduler", FakeRemoteScheduler)
+    monkeypatch.setattr(ray_engine, "_replica_name", lambda: "replica")  # without importing Ray Serve
+    monkeypatch.setattr(ray_launch, "start", start_on_ray)
+    monkeypatch.setattr(ray_launch, "serve_until_stopped", lambda options: None)
+    monkeypatch.setattr(ray_launch, "stop_service", lambda options: None)
     return rec
 
 
-MAINS = {T: transcribe_cli.main, S: stream_cli.main, E: eval_cli.main, A: ui_app.main}
+MAINS = {T: transcribe_cli.main, S: stream_cli.main, E: eval_cli.main, A: ui_app.main, V: serve_cli.main}
 
 
 def _workspace() -> Path:
@@ -404,8 +509,6 @@ def test_the_tables_name_only_real_options():
 
 # Installed front ends this test does not run yet, and why; a new one must be added to PARSERS or here.
 NOT_COVERED = {
-    "asr-serve": "the service (asr_app/serve) decodes with each request's own options; its launch options "
-                 "need fakes for its request handlers before they can be enumerated here",
     "asr-distill": "trains a draft (issue 30): its options drive training, which needs fakes of its own",
 }
 
@@ -415,7 +518,8 @@ def test_every_installed_front_end_is_enumerated():
     missing = (set(scripts) | {"app.py"}) - set(PARSERS) - set(NOT_COVERED)
     assert not missing, f"front end(s) {sorted(missing)}: add them to PARSERS, MAINS and the fakes here"
     assert {name: scripts[name] for name in PARSERS if name in scripts} == {
-        T: "asr_app.cli.transcribe:main", S: "asr_app.cli.stream:main", E: "asr_app.eval.cli:main"}
+        T: "asr_app.cli.transcribe:main", S: "asr_app.cli.stream:main", E: "asr_app.eval.cli:main",
+        V: "asr_app.serve.cli:main"}
     assert "asr_app.ui" in (REPO_ROOT / "app.py").read_text()
 
 

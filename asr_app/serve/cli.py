@@ -66,6 +66,9 @@ def ray_options_from_args(args: argparse.Namespace):
         if scaled:
             raise ValueError(f"{', '.join(scaled)} only apply with --engine ray")
         return None
+    if args.replicas != 1 and (args.min_replicas is not None or args.max_replicas is not None):
+        raise ValueError("--replicas fixes the number of decoder replicas and --min-replicas/--max-replicas "
+                         "autoscale it: give one or the other")
     return RayServeOptions(address=args.address, replicas=args.replicas, min_replicas=args.min_replicas,
                            max_replicas=args.max_replicas, gpus_per_replica=args.gpus_per_replica,
                            cpus_per_replica=float(args.threads or 1))
@@ -82,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from asr_app.serve.security import AccessSettings, check_binding
     from asr_app.ui.app import _port_problem
+    from asr_app.ui.engine import UI_MODES
 
     if args.engine == "ray":
         from asr_app.serve.ray_engine import ray_serve_problem
@@ -89,6 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"asr-serve: error: {missing}", file=sys.stderr)
             return 2
     try:
+        if args.mode not in UI_MODES:  # a request or live session leaving its mode out would get another one
+            raise ValueError(f"--mode {args.mode} is not offered by the service "
+                             f"(choose from {', '.join(UI_MODES)})")
         limits = limits_from_args(args)
         ray_options = ray_options_from_args(args)
         if args.live_encoder_context is not None and not 0 <= args.live_encoder_context <= 30:
