@@ -230,12 +230,18 @@ class StreamingOptions:
     trim_s: float = 15.0              # once the buffer is longer, cut it at a committed segment end
     max_buffer_s: float = WINDOW_SECONDS  # hard cap (Whisper's window); forces a cut when reached
     prompt_chars: int = 200           # committed text before the buffer, passed as the decoder prompt
+    prompt_tokens: int | None = None  # when set: the last this-many tokens of that text, so every session whose
+    #                                   prompt is that long shares one prompt length and can share a batch
     no_speech_threshold: float = NO_SPEECH_THRESHOLD  # Whisper's no-speech rule (decoding/silence.py)
     logprob_threshold: float = LOGPROB_THRESHOLD
     energy_threshold: float = SILENCE_RMS  # RMS (of 30 ms frames) below which the whole buffer is silence
     vad_filter: bool = False          # a buffer Silero VAD finds no speech in is silence too (asr_app/vad.py)
     reuse_hypothesis: bool = True     # offer the previous decode of the buffer as a hint (same result, faster)
     decoding: DecodingOptions | None = None  # None = the decoder's own, with timestamps on
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens is not None and self.prompt_tokens < 1:
+            raise ValueError(f"prompt_tokens must be at least 1 (or None: the whole prompt), got {self.prompt_tokens}")
 
 
 @dataclass
@@ -361,10 +367,14 @@ class StreamingProcessor:
         end = words[-1].end if words else self.audio_seconds
         return StreamEvent(kind, join_words(words), start, end, self._now(), self.audio_seconds, list(words))
 
-    def _prompt(self) -> str | None:
+    def _prompt(self) -> str | list[int] | None:
         before = [w for w in self.committed if w.end <= self._buffer_start + 1e-6]
-        text = join_words(before)[-self.options.prompt_chars:] if before else ""
-        return text.strip() or None
+        text = (join_words(before)[-self.options.prompt_chars:] if before else "").strip()
+        if not text or self.options.prompt_tokens is None:
+            return text or None
+        # Encoded as the decoder encodes a text prompt (build_prompt), then cut to a fixed length.
+        tokenizer = self.decoder.pair.processor.tokenizer
+        return tokenizer(" " + text, add_special_tokens=False)["input_ids"][-self.options.prompt_tokens:]
 
     def _cut(self, at: float) -> None:
         """Drop buffer audio before stream time `at`."""

@@ -163,14 +163,19 @@ def load_clips(count: int) -> list[tuple[np.ndarray, str]]:
     return out
 
 
-ENGINES = ("lock", "scheduler", "scheduler+context")
+ENGINES = ("lock", "scheduler", "scheduler+context", "scheduler+context+prompt")
+PROMPT_TOKENS = 32   # the "+prompt" engines: live prompts cut to this many tokens, so sessions share a batch
 
 
 def make_engine(name: str, decoder, streaming, context_s: float):
+    from dataclasses import replace
+
     from asr_app.scheduler import Scheduler
     from asr_app.ui.engine import UiEngine
     scheduler = LockScheduler(decoder) if name == "lock" else Scheduler(decoder)
-    context = context_s if name.endswith("+context") else None
+    context = context_s if "+context" in name else None
+    if "+prompt" in name:
+        streaming = replace(streaming, prompt_tokens=PROMPT_TOKENS)
     return UiEngine.from_decoder(decoder, streaming).sharing(scheduler=scheduler, live_encoder_context_s=context)
 
 

@@ -377,3 +377,34 @@ def test_microphone_overflows_are_reported(capsys):
 
     assert report_overflows(Source()) == 3 and "overflowed 3 time(s)" in capsys.readouterr().err
     assert report_overflows(object()) == 0 and capsys.readouterr().err == ""
+
+
+class PromptRecorder:
+    """The real decoder, recording every prompt it is given."""
+
+    def __init__(self, decoder) -> None:
+        self.decoder, self.prompts = decoder, []
+        self.pair, self.options = decoder.pair, decoder.options
+
+    def decode(self, audio, options=None, prompts=None, hints=None):
+        self.prompts += list(prompts or [])
+        return self.decoder.decode(audio, options, prompts=prompts, hints=hints)
+
+
+def test_prompt_tokens_gives_every_long_enough_prompt_one_length(decoder):
+    """With prompt_tokens = 8 the prompt is the last 8 tokens of the committed text (so sessions can share a
+    batch); the transcript stays right."""
+    speech = load_audio(JFK_FLAC)
+    offline = decoder.decode([speech])[0].text
+    recorder = PromptRecorder(decoder)
+    processor, _ = run_stream(recorder, speech, StreamingOptions(step_s=2.0, trim_s=4.0, prompt_tokens=8))
+    given = [p for p in recorder.prompts if p is not None]
+    assert given and all(isinstance(p, list) and 1 <= len(p) <= 8 for p in given), given
+    assert any(len(p) == 8 for p in given), given
+    tokenizer = decoder.pair.processor.tokenizer
+    committed = normalise(processor.committed_text)
+    for prompt in given:
+        assert normalise(tokenizer.decode(prompt)).split()[-1] in committed.split(), tokenizer.decode(prompt)
+    assert jiwer.wer(normalise(offline), committed) <= 0.15, processor.committed_text
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        StreamingOptions(prompt_tokens=0)
