@@ -28,16 +28,17 @@ def run_bench(script: str, *args: str) -> str:
 
 @pytest.mark.skipif(not HAS_TRITON, reason="the fused rows need Triton (its interpreter on a CPU)")
 def test_runtime_bench_reports_loops_steps_and_projections(tmp_path):
+    # Without --fused-layers: interpreting the fused kernels quadruples this run (41 s against 10 s here), and
+    # decoding through fused layers is tested in tests/test_fused_layers.py; the projection code is shared.
     run_bench("runtime_bench.py", "--shape", "tiny", "--device", "cpu", "--graphs", "emulate", "--tokens", "4",
-              "--repeats", "1", "--fused-layers", "--out-dir", str(tmp_path))
+              "--repeats", "1", "--out-dir", str(tmp_path))
     report = json.loads((tmp_path / "runtime_bench_tiny_cpu.json").read_text())
     assert set(report["loops"]) >= {"transformers generate (eager)", "ours off (eager)", "ours off (emulate graphs)",
-                                    "ours exact (emulate graphs)", "ours off (emulate graphs, fused layers)"}
+                                    "ours exact (emulate graphs)"}
     assert all(row["ms_per_token"] > 0 for row in report["loops"].values())
-    assert set(report["steps"]) == {"eager", "graphs", "graphs, fused layers"}
+    assert set(report["steps"]) == {"eager", "graphs"} and not report.get("projection_fused")
     gamma = report["config"]["gamma"]
-    for steps, projection in ((report["steps"]["graphs"], report["projection"]),
-                              (report["steps"]["graphs, fused layers"], report["projection_fused"])):
+    for steps, projection in ((report["steps"]["graphs"], report["projection"]),):
         # the projection follows from the step table it is printed beside (JSON keys are strings)
         target = {int(k): ms for k, ms in steps["target_ms"].items()}
         per_call = gamma * steps["draft_ms"] + target[gamma + 1]
