@@ -158,6 +158,8 @@ PROBES: dict[str, dict[str, list[str]]] = {
                          "R:--engine ray --max-replicas 3", "R:--max-replicas 3"],
         "gpus_per_replica": ["H:--engine ray --gpus-per-replica 0.5 | --engine ray",
                              "R:--gpus-per-replica 0.5", "R:--engine ray --gpus-per-replica -1"],
+        "replica_batching": ["H:--engine ray --replica-batching serve | --engine ray",
+                             "R:--replica-batching serve"],
         },
 }
 
@@ -386,7 +388,8 @@ def recorder(monkeypatch):
     def start_on_ray(args, settings, options):  # asr-serve --engine ray: what ray_launch.start would deploy
         rec.put("ray", {"address": options.address, "cpus_needed": options.cpus_needed,
                         "scaling": options.scaling(),
-                        "replica": [options.cpus_per_replica, options.gpus_per_replica, options.max_ongoing],
+                        "replica": [options.cpus_per_replica, options.gpus_per_replica, options.max_ongoing,
+                                    options.batching],
                         "http": [args.host, args.port]})
         ingress = ray_engine.Ingress(None, None, args, settings)  # the deployments' bodies, built here
         ingress.__serve_build_asgi_app__()

@@ -205,3 +205,44 @@ def test_metrics_of_replicas_add_up_and_a_silent_replica_leaves_the_queue():
     assert (merged.drafted, merged.accepted, merged.audio_s) == (14, 8, 12.0)
     assert sorted(merged.latencies["live"]) == [0.1, 0.3] and merged.latencies["file"] == [2.0]
     assert np.isclose(merged.busy_s, 1.5)
+
+
+def test_serve_batching_groups_rows_that_can_share_a_batch_and_fails_only_their_group():
+    """--replica-batching serve: the rows @serve.batch hands over are decoded in groups of equal options,
+    prompt length and hint-or-none (a lock-step batch needs them equal), each row getting its own result."""
+    import threading
+
+    from asr_app.decoding import DecodingOptions
+    from asr_app.serve.ray_batching import ServeBatchedReplica
+
+    class Decoder:
+        def __init__(self) -> None:
+            self.calls = []
+
+        def batch_key(self, options, prompt):
+            return len(prompt or "")
+
+        def decode(self, clips, options, prompts, hints):
+            self.calls.append(list(prompts))
+            if options.temperature == 0.5:
+                raise ValueError("no such luck")
+            return [SimpleResult(f"{p}:{len(c)}") for c, p in zip(clips, prompts)]
+
+    replica = ServeBatchedReplica.__new__(ServeBatchedReplica)
+    replica.decoder, replica.figures, replica._lock = Decoder(), SchedulerMetrics(), threading.Lock()
+    greedy, warm = DecodingOptions(mode="exact"), DecodingOptions(mode="exact", temperature=0.5)
+    clip = np.zeros(1600, np.float32)
+    rows = [(clip, greedy, "ab", None), (clip, greedy, "cd", None), (clip, greedy, "abc", None),
+            (clip, warm, "ab", None), (clip, greedy, "ef", [1, 2])]
+    outcomes = replica._decode_rows(rows)
+    assert replica.decoder.calls == [["ab", "cd"], ["abc"], ["ab"], ["ef"]]
+    assert [o.text for o in outcomes[:3]] + [outcomes[4].text] == ["ab:1600", "cd:1600", "abc:1600", "ef:1600"]
+    assert isinstance(outcomes[3], ValueError)
+    assert (replica.figures.batches, replica.figures.rows, replica.figures.failed) == (4, 5, 1)
+    assert replica.figures.rows_per_batch == {2: 1, 1: 3}
+
+
+class SimpleResult:
+    def __init__(self, text: str) -> None:
+        from types import SimpleNamespace
+        self.text, self.stats = text, SimpleNamespace(drafted=4, accepted=3)

@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--max-replicas", type=int, default=None, help="with --engine ray: see --min-replicas")
     scale.add_argument("--gpus-per-replica", type=float, default=0.0,
                        help="with --engine ray: GPUs each decoder replica reserves (fractions share a GPU)")
+    scale.add_argument("--replica-batching", choices=("scheduler", "serve"), default="scheduler",
+                       help="with --engine ray: how a decoder replica batches the rows reaching it: the serving "
+                            "scheduler (live first, fair, grouped by what can share a batch; default) or Ray "
+                            "Serve's @serve.batch (arrival order); docs/scale.md compares them")
     return parser
 
 
@@ -63,6 +67,7 @@ def ray_options_from_args(args: argparse.Namespace):
         scaled = [f"--{name.replace('_', '-')}" for name in ("address", "min_replicas", "max_replicas")
                   if getattr(args, name) is not None]
         scaled += ["--replicas"] * (args.replicas != 1) + ["--gpus-per-replica"] * (args.gpus_per_replica != 0)
+        scaled += ["--replica-batching"] * (args.replica_batching != "scheduler")
         if scaled:
             raise ValueError(f"{', '.join(scaled)} only apply with --engine ray")
         return None
@@ -71,7 +76,7 @@ def ray_options_from_args(args: argparse.Namespace):
                          "autoscale it: give one or the other")
     return RayServeOptions(address=args.address, replicas=args.replicas, min_replicas=args.min_replicas,
                            max_replicas=args.max_replicas, gpus_per_replica=args.gpus_per_replica,
-                           cpus_per_replica=float(args.threads or 1))
+                           cpus_per_replica=float(args.threads or 1), batching=args.replica_batching)
 
 
 def limits_from_args(args: argparse.Namespace) -> ServiceLimits:

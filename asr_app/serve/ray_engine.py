@@ -68,6 +68,7 @@ class RayServeOptions:
     target_queue: int = 4             # autoscaling aims at this many requests waiting or decoding per replica
     max_ongoing: int = 256            # requests one replica holds at once (its scheduler batches them)
     retries: int = 5                  # sends of one row before its replica's loss is the caller's error
+    batching: str = "scheduler"       # how a replica batches: the serving scheduler, or Serve's @serve.batch
 
     @property
     def cpus_needed(self) -> float:
@@ -82,6 +83,8 @@ class RayServeOptions:
         if self.min_replicas is not None and not (0 <= self.min_replicas <= self.max_replicas and self.max_replicas >= 1):
             raise ValueError(f"need 0 <= --min-replicas <= --max-replicas and --max-replicas >= 1, got "
                              f"{self.min_replicas} and {self.max_replicas}")
+        if self.batching not in ("scheduler", "serve"):
+            raise ValueError(f"--replica-batching must be scheduler or serve, got {self.batching!r}")
         if self.gpus_per_replica < 0 or self.cpus_per_replica < 0:
             raise ValueError("--gpus-per-replica and the threads per replica must not be negative")
 

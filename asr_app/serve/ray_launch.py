@@ -35,8 +35,12 @@ def start(args: argparse.Namespace, settings: dict[str, Any], options: RayServeO
     serve.start(http_options={"host": args.host, "port": args.port},
                 logging_config=QUIET)
     board = ray.remote(MetricsBoard).options(name=BOARD_NAME, num_cpus=0, get_if_exists=True).remote()
+    if options.batching == "serve":
+        from asr_app.serve.ray_batching import ServeBatchedReplica as replica_class
+    else:
+        replica_class = DecoderReplica
     decoder = serve.deployment(
-        DecoderReplica, name="DecoderReplica", max_ongoing_requests=options.max_ongoing,
+        replica_class, name="DecoderReplica", max_ongoing_requests=options.max_ongoing,
         ray_actor_options={"num_cpus": options.cpus_per_replica, "num_gpus": options.gpus_per_replica},
         health_check_period_s=2.0, graceful_shutdown_timeout_s=5.0, max_constructor_retry_count=2,
         **options.scaling())
