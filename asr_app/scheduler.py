@@ -56,6 +56,7 @@ class SchedulerOptions:
     max_queue: int = 512            # waiting requests beyond this are refused with SchedulerBusy
     sizer_memory: float = 0.2       # weight of a new measurement in a size's running cost
     latency_window: int = 2048      # recent request latencies kept for the metrics
+    idle_trim_s: float | None = 2.0  # idle this long after work: freed memory goes back to the system (None: never)
 
 
 class BatchSizer:
@@ -136,6 +137,7 @@ class SchedulerMetrics:
     latencies: dict[str, list[float]] = field(default_factory=dict)  # priority name -> recent seconds
     sizer: dict[int, float] = field(default_factory=dict)
     resent: int = 0      # rows sent again after the decoder replica holding them was lost (--engine ray)
+    trims: int = 0       # times freed memory was given back to the system after an idle spell
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -158,6 +160,7 @@ class Scheduler:
         self._held = 0
         self._closed = False
         self._metrics = SchedulerMetrics()
+        self._untrimmed = False   # work was done since memory was last given back
         self._latencies = {name: deque(maxlen=options.latency_window) for name in PRIORITY_NAMES.values()}
         self._worker = threading.Thread(target=self._run, name="asr-scheduler", daemon=True)
         self._worker.start()
@@ -220,7 +223,7 @@ class Scheduler:
             return SchedulerMetrics(
                 queue_depth=len(self._queue), batches=m.batches, rows=m.rows,
                 rows_per_batch=dict(m.rows_per_batch), failed=m.failed, busy_s=m.busy_s, audio_s=m.audio_s,
-                drafted=m.drafted, accepted=m.accepted,
+                drafted=m.drafted, accepted=m.accepted, trims=m.trims,
                 latencies={k: list(v) for k, v in self._latencies.items()}, sizer=self.sizer.snapshot())
 
     def close(self, timeout: float | None = 10.0) -> None:
@@ -239,16 +242,31 @@ class Scheduler:
             batch: list[_Request] = []
             try:
                 with self._cond:
-                    self._cond.wait_for(lambda: self._closed or (self._queue and not self._held))
-                    if self._closed:
+                    idle = self.options.idle_trim_s if self._untrimmed else None
+                    if not self._cond.wait_for(lambda: self._closed or (self._queue and not self._held), idle):
+                        self._untrimmed = False   # idle since the last batch: trim once, outside the lock
+                    elif self._closed:
                         return
-                    batch = self._take_batch()
+                    else:
+                        batch = self._take_batch()
+                        self._untrimmed = True
+                if not batch:
+                    self._give_back_memory()
+                    continue
                 self._decode(batch)
             except Exception as exc:  # noqa: BLE001 - the worker must outlive any one batch
                 log.exception("scheduler: a batch failed outside the decoder")
                 for request in batch:
                     if not request.future.done():
                         request.future.set_exception(exc)
+
+    def _give_back_memory(self) -> None:
+        """The resident size would otherwise stay at the largest batch's working set (glibc keeps freed
+        memory); only after `idle_trim_s` without work, so a busy server never pays for it."""
+        from asr_app.runtime.allocator import release_freed_memory
+        if release_freed_memory():
+            with self._cond:
+                self._metrics.trims += 1
 
     def _take_batch(self) -> list[_Request]:
         """Called under the lock: the next batch, removed from the queue (see the module doc)."""

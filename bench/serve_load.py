@@ -37,11 +37,11 @@ from serve_bench import CHUNK_S, clip_pool, load_clips  # noqa: E402
 SHARED = Path(os.environ.get("ASR_SHARED_DIR", REPO.parent / "shared"))
 
 
-def start(port: int, tmp: Path, threads: int) -> subprocess.Popen:
+def start(port: int, tmp: Path, threads: int, extra: list[str] = ()) -> subprocess.Popen:
     models = SHARED / "models"
     cmd = [sys.executable, "-m", "asr_app.serve.cli", "--target", str(models / "whisper-tiny.en"),
            "--draft", str(models / "distil-tiny.en-draft"), "--device", "cpu", "--threads", str(threads),
-           "--port", str(port), "--no-ui", "--max-sessions", "16"]
+           "--port", str(port), "--no-ui", "--max-sessions", "16", *extra]
     proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, TMPDIR=str(tmp)), stdout=open(tmp / "server.log", "w"),
                             stderr=subprocess.STDOUT)
     for _ in range(600):
@@ -60,6 +60,18 @@ def proc_status(pid: int) -> dict[str, int]:
         if key in ("VmRSS", "Threads"):
             fields[key] = int(value.split()[0])
     return fields
+
+
+def thread_names(pid: int) -> dict[str, int]:
+    """The server's threads by name (torch's, uvicorn's worker pool, live sessions' workers, ...)."""
+    names: dict[str, int] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        names[name] = names.get(name, 0) + 1
+    return dict(sorted(names.items()))
 
 
 def metrics(url: str) -> dict[str, float]:
@@ -197,9 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--port", type=int, default=8931)
+    parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                        help="pass ARG to asr-serve (repeatable), e.g. --server-arg=--default-allocator")
+    parser.add_argument("--idle-s", type=float, default=5.0,
+                        help="seconds to wait after the load before the last RSS/threads reading")
+    parser.add_argument("--name", default="serve_load", help="result file name (default serve_load)")
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="serve_load_"))
-    proc = start(args.port, tmp, args.threads)
+    proc = start(args.port, tmp, args.threads, args.server_arg)
     url = f"http://127.0.0.1:{args.port}"
     try:
         report = run(url, proc, tmp, args)
@@ -210,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     report["server_tracebacks"] = log.count("Traceback")
     report["command"] = "python bench/serve_load.py " + " ".join(argv or sys.argv[1:])
     from report_io import result_path, save_results
-    out = result_path("serve_load")
+    out = result_path(args.name)
     save_results(out, report, load_table(report))
     print(f"problems: {len(report['problems'])}", *report["problems"][:20], sep="\n  ")
     print(f"wrote {out}")
@@ -256,14 +273,21 @@ def run(url: str, proc: subprocess.Popen, tmp: Path, args) -> dict:
     deadline = time.monotonic() + args.minutes * 60
     threads = [threading.Thread(target=load.client, args=(deadline, i)) for i in range(args.clients)]
     peak = dict(before)
+    names_before = thread_names(proc.pid)
+    started = time.monotonic()
+    timeline = [{"t_s": 0.0, "rss_mb": before["VmRSS"] / 1024, "threads": before["Threads"]}]
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads):
         time.sleep(5)
         now = proc_status(proc.pid)
         peak = {k: max(peak[k], now[k]) for k in now}
-    time.sleep(5)    # sessions left without a stop finish their last decode
+        timeline.append({"t_s": round(time.monotonic() - started, 1), "rss_mb": now["VmRSS"] / 1024,
+                         "threads": now["Threads"]})
+    time.sleep(args.idle_s)    # sessions left without a stop finish their last decode; idle workers exit
     after = proc_status(proc.pid)
+    timeline.append({"t_s": round(time.monotonic() - started, 1), "rss_mb": after["VmRSS"] / 1024,
+                     "threads": after["Threads"]})
     health = json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())
     m = metrics(url)
     leftover = sorted(p.name for p in tmp.iterdir() if p.name.startswith("asr_serve_"))
@@ -273,7 +297,9 @@ def run(url: str, proc: subprocess.Popen, tmp: Path, args) -> dict:
             "live_sessions_after": health["live_sessions"], "queue_depth_after": health["queue_depth"],
             "threads_before": before["Threads"], "threads_after": after["Threads"],
             "rss_before_mb": before["VmRSS"] / 1024, "rss_after_mb": after["VmRSS"] / 1024,
-            "rss_peak_mb": peak["VmRSS"] / 1024, "temp_folders_left": leftover,
+            "rss_peak_mb": peak["VmRSS"] / 1024, "temp_folders_left": leftover, "timeline": timeline,
+            "thread_names_before": names_before, "thread_names_after": thread_names(proc.pid),
+            "server_args": args.server_arg, "idle_s": args.idle_s,
             "batches_by_rows": {k: v for k, v in m.items() if k.startswith("asr_batches_by_rows")},
             "problems": load.problems}
 

@@ -70,3 +70,24 @@ def test_freed_blocks_stay_in_the_heap_and_are_reused():
     settled = [heap for heap, _, _ in kept[5:]]
     assert max(settled) - min(settled) < SMALL, kept
     assert keep_freed_memory() is True  # once per process: a second call changes nothing and says so
+
+
+RELEASE = """
+import torch
+from asr_app.runtime.allocator import keep_freed_memory, release_freed_memory
+def rss():
+    return int([l for l in open("/proc/self/status") if l.startswith("VmRSS")][0].split()[1]) * 1024
+assert keep_freed_memory()
+blocks = [torch.empty(12 * 2**20, dtype=torch.uint8).fill_(1) for _ in range(8)]
+del blocks
+kept = rss()
+assert release_freed_memory()
+print((kept - rss()) / (12 * 2**20))
+"""
+
+
+@pytest.mark.skipif(not _has_mallinfo2(), reason="the C library is not glibc 2.33 or newer")
+def test_freed_memory_kept_for_reuse_goes_back_when_released():
+    # Eight 12 MiB blocks freed stay with the process (kept for reuse); released, most of them leave it.
+    proc = subprocess.run([sys.executable, "-c", RELEASE], capture_output=True, text=True, check=True)
+    assert float(proc.stdout) >= 6.0, proc.stdout

@@ -5,6 +5,7 @@ the texts identical to decoding each clip on its own (real tiny.en pair, real cl
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -139,3 +140,36 @@ def test_client_decoder_is_the_pipeline_interface_and_threads_share_it(decoder):
     windows = int(np.ceil(sf.info(str(JFK_FLAC)).duration / 30))
     assert all(c.usage is not None and c.usage.windows >= windows for c in clients)
     assert sum(c.usage.tokens_out for c in clients) == 3 * clients[0].usage.tokens_out
+
+
+class Instant:
+    """A decoder that answers at once (what is tested here is the worker's idle behaviour)."""
+
+    pair = property(lambda self: type("Pair", (), {"device": None})())
+    options = DecodingOptions(mode="off")
+
+    def decode(self, clips, options=None, prompts=None, hints=None):
+        from types import SimpleNamespace
+        return [SimpleNamespace(stats=SimpleNamespace(drafted=0, accepted=0)) for _ in clips]
+
+
+def test_freed_memory_goes_back_once_per_idle_spell_and_never_while_busy(monkeypatch):
+    import asr_app.runtime.allocator as allocator
+
+    trims = []
+    monkeypatch.setattr(allocator, "release_freed_memory", lambda: trims.append(time.monotonic()) or True)
+    scheduler = Scheduler(Instant(), SchedulerOptions(idle_trim_s=0.5))
+    try:
+        time.sleep(0.7)
+        assert trims == []                     # nothing was decoded yet: nothing to give back
+        for _ in range(10):                    # busy: a request every 0.05 s, never idle for 0.5 s
+            scheduler.submit(np.zeros(1600, np.float32), DecodingOptions(mode="off")).result(5)
+            time.sleep(0.05)
+        assert trims == []
+        time.sleep(1.2)
+        assert len(trims) == 1                 # one idle spell after the work: one trim, not one per wait
+        scheduler.submit(np.zeros(1600, np.float32), DecodingOptions(mode="off")).result(5)
+        time.sleep(1.0)
+        assert len(trims) == 2 and scheduler.metrics().trims == 2
+    finally:
+        scheduler.close()

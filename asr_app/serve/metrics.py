@@ -31,6 +31,8 @@ class SchedulerCollector:
         yield CounterMetricFamily("asr_failed_rows", "Rows whose decode failed", m.failed)
         yield CounterMetricFamily("asr_rows_resent", "Rows sent again after their decoder replica was lost",
                                   m.resent)
+        yield CounterMetricFamily("asr_memory_trims", "Times freed memory went back to the system after an "
+                                  "idle spell", m.trims)
         rows = GaugeMetricFamily("asr_batches_by_rows", "Batches decoded, by rows per batch", labels=["rows"])
         for size, count in sorted(m.rows_per_batch.items()):
             rows.add_metric([str(size)], count)

@@ -129,6 +129,7 @@ def merge_metrics(boards: dict[str, tuple[float, int, SchedulerMetrics]], now: f
         total.audio_s += m.audio_s
         total.drafted += m.drafted
         total.accepted += m.accepted
+        total.trims += m.trims
         for size, count in m.rows_per_batch.items():
             total.rows_per_batch[size] = total.rows_per_batch.get(size, 0) + count
         for name, values in m.latencies.items():
