@@ -70,3 +70,21 @@ def test_a_few_seconds_of_context_keeps_the_text_and_encodes_less(decoder):
     assert chosen.shape[-1] == 2 * int(np.ceil((seconds + 3.0) * 50)) < features.shape[-1]
     with pytest.raises(ValueError, match="encoder_context_s"):
         DecodingOptions(encoder_context_s=31.0)
+
+
+def test_a_shortened_decode_stops_where_it_would_be_redone_anyway(decoder, monkeypatch):
+    """A looping row is cut at the token count that marks it lost (token_cap), not run to the decoder's limit:
+    in a lock-step batch it would keep every other row stepping. The result is the same (it is redone)."""
+    from asr_app.decoding import context
+
+    audio = load_audio(LOOPING[0])
+    seconds = audio.size / 16_000
+    assert context.token_cap(seconds) == int(12 * seconds + 16) + 1
+    seen = []
+    real = context.lost_end_of_audio
+    monkeypatch.setattr("asr_app.decoding.engine.lost_end_of_audio",
+                        lambda result, window, ctx: seen.append(len(result.tokens)) or real(result, window, ctx))
+    short = _one_by_one(decoder, [audio], 0.5)[0]
+    full = _one_by_one(decoder, [audio], None)[0]
+    assert short.tokens == full.tokens
+    assert seen and max(seen) <= context.token_cap(seconds), (seen, context.token_cap(seconds))

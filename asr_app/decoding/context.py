@@ -27,10 +27,17 @@ def encoder_input(features: torch.Tensor, context_s: float | None, windows: Sequ
     return features[..., :frames] if frames < features.shape[-1] else features
 
 
+def token_cap(window_s: float) -> int:
+    """The fewest tokens that mark a shortened decode of `window_s` seconds as lost (more than speech holds).
+    A decode over a shortened input stops there: it would be redone over the whole window anyway, and a row
+    looping to the decoder's limit would keep its whole lock-step batch stepping."""
+    return math.floor(MAX_TOKENS_PER_SECOND * window_s + 16) + 1
+
+
 def lost_end_of_audio(result: DecodingResult, window_s: float, context_s: float) -> bool:
     """Whether a decode over a shortened input shows it did not see where the audio ends: a repetition loop,
     more tokens than speech holds, or text placed past the audio and its context."""
     ends = [s.end for s in result.segments]
     return (compression_ratio(result.text) > LOOP_COMPRESSION_RATIO
-            or len(result.tokens) > MAX_TOKENS_PER_SECOND * window_s + 16
+            or len(result.tokens) >= token_cap(window_s)
             or bool(ends and max(ends) > window_s + context_s))

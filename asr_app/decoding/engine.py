@@ -19,7 +19,7 @@ import torch
 
 from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS
 from asr_app.decoding.alignment import FRAMES_PER_SECOND, add_word_timestamps, alignment_heads
-from asr_app.decoding.context import encoder_input, lost_end_of_audio
+from asr_app.decoding.context import encoder_input, lost_end_of_audio, token_cap
 from asr_app.decoding.costs import costs_pinned, measure_step_costs
 from asr_app.decoding.gamma import (
     AcceptanceEstimate,
@@ -327,6 +327,8 @@ class SpeculativeDecoder:
         max_len = min(opts.max_new_tokens, self.max_positions - prompt_len)
         if max_len < 1:
             raise ValueError(f"prompt of {prompt_len} tokens leaves no room in {self.max_positions} positions")
+        if opts.encoder_context_s is not None and self.graph_mode == "eager":
+            max_len = min(max_len, token_cap(max(windows)))   # past it the row is redone over the whole window
 
         policy = self._gamma_policy(opts, speculative)  # first: measuring costs reuses the batch-1 workspace
         t_begin = time.perf_counter()
