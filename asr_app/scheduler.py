@@ -143,6 +143,20 @@ class SchedulerMetrics:
     def acceptance_rate(self) -> float | None:
         return self.accepted / self.drafted if self.drafted else None
 
+    def count_batch(self, clips: Sequence[np.ndarray], outcomes: Sequence, seconds: float) -> None:
+        """One decoded batch: its rows, time, and each row's audio and drafts (or its failure)."""
+        self.batches += 1
+        self.rows += len(clips)
+        self.rows_per_batch[len(clips)] = self.rows_per_batch.get(len(clips), 0) + 1
+        self.busy_s += seconds
+        for clip, outcome in zip(clips, outcomes):
+            if isinstance(outcome, BaseException):
+                self.failed += 1
+                continue
+            self.audio_s += clip.size / 16_000
+            self.drafted += outcome.stats.drafted
+            self.accepted += outcome.stats.accepted
+
 
 class Scheduler:
     """Owns the decoder: one worker thread decodes the queued requests in batches (see the module doc)."""
@@ -304,19 +318,9 @@ class Scheduler:
         self.sizer.record(len(batch), elapsed)
         now = time.monotonic()
         with self._cond:
-            m = self._metrics
-            m.batches += 1
-            m.rows += len(batch)
-            m.rows_per_batch[len(batch)] = m.rows_per_batch.get(len(batch), 0) + 1
-            m.busy_s += elapsed
-            for request, outcome in zip(batch, outcomes):
+            self._metrics.count_batch([r.clip for r in batch], outcomes, elapsed)
+            for request in batch:
                 self._latencies[PRIORITY_NAMES[request.priority]].append(now - request.submitted)
-                if isinstance(outcome, BaseException):
-                    m.failed += 1
-                    continue
-                m.audio_s += request.clip.size / 16_000
-                m.drafted += outcome.stats.drafted
-                m.accepted += outcome.stats.accepted
         for request, outcome in zip(batch, outcomes):
             if isinstance(outcome, BaseException):
                 request.future.set_exception(outcome)

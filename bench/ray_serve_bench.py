@@ -117,13 +117,14 @@ def upload(url: str, path: Path) -> tuple[int, str]:
 
 
 def replica_pids() -> list[int]:
+    """Process ids of the running decoder replicas (Ray names each replica's process after it)."""
     pids = []
     for entry in Path("/proc").iterdir():
         try:
             if entry.name.isdigit() and REPLICA_TITLE in (entry / "cmdline").read_bytes():
                 pids.append(int(entry.name))
         except OSError:
-            continue
+            continue   # the process ended while we looked
     return sorted(pids)
 
 
@@ -132,16 +133,19 @@ def cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def kill_a_busy_replica(pids: list[int], wait_s: float) -> dict:
+def kill_a_busy_replica(pids: list[int], wait_s: float, timeout_s: float = 20.0) -> int | None:
+    """After `wait_s`, SIGKILL the first replica seen decoding (over half a CPU in 0.1 s), so the kill hits
+    rows in flight rather than an idle process; its pid, or None if none was seen busy within `timeout_s`."""
     time.sleep(wait_s)
-    for _ in range(200):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         start = {pid: cpu_ticks(pid) for pid in pids}
         time.sleep(0.1)
         for pid in pids:
-            if cpu_ticks(pid) - start[pid] >= 5:
+            if cpu_ticks(pid) - start[pid] >= 5:   # 5 ticks of 10 ms
                 os.kill(pid, signal.SIGKILL)
-                return {"killed_pid": pid, "at_s": wait_s}
-    return {"killed_pid": None}
+                return pid
+    return None
 
 
 def load_run(url: str, clips, uploads: list[Path], kill_after_s: float | None) -> dict:
@@ -154,7 +158,7 @@ def load_run(url: str, clips, uploads: list[Path], kill_after_s: float | None) -
         answers = [pool.submit(upload, url, path) for path in uploads]
         texts = asyncio.run(streams())
         results = [a.result() for a in answers]
-        kill = killer.result() if killer else {}
+        kill = {"killed_pid": killer.result(), "at_s": kill_after_s} if killer else {}
     return {"streams": texts, "uploads": [text for _, text in results], "statuses": [s for s, _ in results],
             "wall_s": time.monotonic() - started, **kill}
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import sys
 import time
 import urllib.request
@@ -19,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, TINY_EN_DIR, lj_clip
+from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, REPO_ROOT, TINY_EN_DIR, lj_clip
 from test_serve import KEY, client, metrics, start_server
 from test_ui_server import free_port, stop
 from websockets.asyncio.client import connect
@@ -27,9 +26,12 @@ from websockets.asyncio.client import connect
 pytest.importorskip("ray.serve", reason="Ray Serve is part of the dev extra")
 
 from asr_app.scheduler import SchedulerMetrics  # noqa: E402
+
+sys.path.insert(0, str(REPO_ROOT / "bench"))   # the bench's helpers that find and kill a busy replica
+from ray_serve_bench import kill_a_busy_replica, replica_pids  # noqa: E402
+
 from asr_app.serve.ray_engine import RayServeOptions, merge_metrics  # noqa: E402
 
-REPLICA_TITLE = b"ServeReplica:asr:DecoderReplica"
 STREAMS = [lj_clip("LJ001-0004"), lj_clip("LJ001-0008")]
 UPLOADS = [JFK_FLAC, lj_clip("LJ001-0002"), lj_clip("LJ001-0004"), lj_clip("LJ001-0008")]
 FRAME = 8000   # 0.5 s at 16 kHz
@@ -51,18 +53,6 @@ def ray_service(tmp_path_factory):
         stop(proc)
         proc.wait(60)
     assert not replica_pids(), "the decoder replicas outlived asr-serve"
-
-
-def replica_pids() -> list[int]:
-    """Process ids of the running decoder replicas (Ray names each replica's process after it)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and REPLICA_TITLE in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-        except OSError:
-            continue   # the process ended while we looked
-    return sorted(pids)
 
 
 async def lockstep_stream(url: str, path: Path) -> str:
@@ -106,27 +96,6 @@ def run_load(url: str, beside=None) -> tuple[list[str], list[str]]:
         return texts, [f.result() for f in uploads]
 
 
-def cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])   # utime + stime
-
-
-def kill_a_busy_replica(pids: list[int], killed: list[int], wait_s: float = 1.0, timeout_s: float = 20.0) -> None:
-    """After `wait_s`, SIGKILL the first replica seen decoding (over half a CPU in 0.1 s), so the kill hits
-    rows in flight rather than an idle process."""
-    time.sleep(wait_s)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        start = {pid: cpu_ticks(pid) for pid in pids}
-        time.sleep(0.1)
-        for pid in pids:
-            if cpu_ticks(pid) - start[pid] >= 5:   # 5 ticks of 10 ms
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-                return
-    raise AssertionError("no decoder replica was seen busy")
-
-
 def test_a_killed_decoder_replica_loses_nothing(ray_service):
     url = ray_service
     before = replica_pids()
@@ -136,9 +105,9 @@ def test_a_killed_decoder_replica_loses_nothing(ray_service):
     assert "ask not what your country can do for you" in calm_uploads[0]
     resent_before = metrics(url)["asr_rows_resent_total"]
 
-    killed: list[int] = []
-    streams, uploads = run_load(url, lambda: kill_a_busy_replica(before, killed))
-    assert killed
+    killed: list[int | None] = []   # the busy replica is killed 1 s into the load
+    streams, uploads = run_load(url, lambda: killed.append(kill_a_busy_replica(before, 1.0)))
+    assert killed and killed[0] is not None, "no decoder replica was seen busy"
     assert streams == calm_streams
     assert uploads == calm_uploads
     time.sleep(1.5)   # the replicas publish their figures every second

@@ -11,7 +11,7 @@ Serve at import time.
 from __future__ import annotations
 
 import asyncio
-import os
+import dataclasses
 import threading
 import time
 from typing import Any
@@ -19,7 +19,7 @@ from typing import Any
 from ray import serve
 
 from asr_app.scheduler import SchedulerMetrics
-from asr_app.serve.ray_engine import PUBLISH_EVERY_S, _replica_name
+from asr_app.serve.ray_engine import publish_metrics
 
 MAX_BATCH = 8
 WAIT_S = 0.005
@@ -30,11 +30,10 @@ class ServeBatchedReplica:
         from asr_app.arguments import decoder_from_args
 
         self.decoder = decoder_from_args(model_args)
-        self.name = _replica_name()
         self.figures = SchedulerMetrics()
         self._lock = threading.Lock()
         if board is not None:
-            threading.Thread(target=self._publish, args=(board,), name="asr-metrics-publisher", daemon=True).start()
+            publish_metrics(board, self.snapshot)
 
     async def decode(self, clip, options, prompt, hint, priority: int, session: str):
         outcome = await self._batched((clip, options, prompt, hint))
@@ -58,34 +57,13 @@ class ServeBatchedReplica:
                                               prompts=[rows[i][2] for i in members], hints=[rows[i][3] for i in members])
             except Exception as exc:  # noqa: BLE001 - the group's calls get the error
                 results = [exc] * len(members)
-            self._count(len(members), time.perf_counter() - started, rows, members, results)
+            with self._lock:
+                self.figures.count_batch([rows[i][0] for i in members], results, time.perf_counter() - started)
             for i, result in zip(members, results):
                 outcomes[i] = result
         return outcomes
 
-    def _count(self, size: int, seconds: float, rows, members, results) -> None:
+    def snapshot(self) -> SchedulerMetrics:
         with self._lock:
-            m = self.figures
-            m.batches += 1
-            m.rows += size
-            m.rows_per_batch[size] = m.rows_per_batch.get(size, 0) + 1
-            m.busy_s += seconds
-            for i, result in zip(members, results):
-                if isinstance(result, BaseException):
-                    m.failed += 1
-                else:
-                    m.audio_s += rows[i][0].size / 16_000
-                    m.drafted += result.stats.drafted
-                    m.accepted += result.stats.accepted
-
-    def _publish(self, board: Any) -> None:
-        pid = os.getpid()
-        while True:
-            time.sleep(PUBLISH_EVERY_S)
-            with self._lock:
-                snapshot = SchedulerMetrics(**{k: (dict(v) if isinstance(v, dict) else v)
-                                               for k, v in vars(self.figures).items()})
-            try:
-                board.publish.remote(self.name, pid, snapshot)
-            except Exception:  # noqa: BLE001 - the board is gone (shutting down)
-                return
+            return dataclasses.replace(self.figures, rows_per_batch=dict(self.figures.rows_per_batch),
+                                       latencies={}, sizer={})

@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,11 +147,8 @@ class DecoderReplica:
         from asr_app.scheduler import Scheduler
 
         self.scheduler = Scheduler(decoder_from_args(model_args))
-        self.name = _replica_name()
-        self._board = board
-        self._stopped = threading.Event()
         if board is not None:
-            threading.Thread(target=self._publish, name="asr-metrics-publisher", daemon=True).start()
+            publish_metrics(board, self.scheduler.metrics)
 
     async def decode(self, clip: np.ndarray, options: DecodingOptions, prompt: Any, hint: Sequence[int] | None,
                      priority: int, session: str) -> DecodingResult:
@@ -161,16 +158,22 @@ class DecoderReplica:
     def metrics(self) -> SchedulerMetrics:
         return self.scheduler.metrics()
 
-    def _publish(self) -> None:
-        pid = os.getpid()
-        while not self._stopped.wait(PUBLISH_EVERY_S):
+
+
+def publish_metrics(board: Any, figures: Callable[[], SchedulerMetrics]) -> None:
+    """Send this replica's `figures()` to the board every PUBLISH_EVERY_S, from a daemon thread (it ends with
+    the replica's process, or when the board is gone)."""
+    name, pid = _replica_name(), os.getpid()
+
+    def publish() -> None:
+        while True:
+            time.sleep(PUBLISH_EVERY_S)
             try:
-                self._board.publish.remote(self.name, pid, self.scheduler.metrics())
+                board.publish.remote(name, pid, figures())
             except Exception:  # noqa: BLE001 - the board is gone (shutting down): stop publishing
                 return
 
-    def __del__(self) -> None:
-        self._stopped.set()
+    threading.Thread(target=publish, name="asr-metrics-publisher", daemon=True).start()
 
 
 def _replica_name() -> str:
@@ -224,8 +227,8 @@ class RemoteScheduler:
             self._waiting -= 1
 
     def _call(self, clip, options, prompt, hint, priority, session) -> DecodingResult:
-        lost = _replica_loss_errors()
-        for attempt in range(1, self.retries + 1):
+        lost, attempt = _replica_loss_errors(), 1
+        while True:
             try:
                 return self.handle.decode.remote(clip, options, prompt, hint, priority, session).result()
             except lost as exc:
@@ -235,7 +238,7 @@ class RemoteScheduler:
                     self.resent += 1
                 log.warning("a decoder replica was lost (%s); sending the row again", type(exc).__name__)
                 time.sleep(self.retry_wait_s * attempt)
-        raise AssertionError("unreachable")
+                attempt += 1
 
     def cancel(self, future: Future) -> bool:
         return future.cancel()
