@@ -86,5 +86,6 @@ def test_a_shortened_decode_stops_where_it_would_be_redone_anyway(decoder, monke
                         lambda result, window, ctx: seen.append(len(result.tokens)) or real(result, window, ctx))
     short = _one_by_one(decoder, [audio], 0.5)[0]
     full = _one_by_one(decoder, [audio], None)[0]
+    assert short.stats.context_retries == 1   # it did loop: the cap was reached, not merely respected
     assert short.tokens == full.tokens
     assert seen and max(seen) <= context.token_cap(seconds), (seen, context.token_cap(seconds))

@@ -215,3 +215,15 @@ class SimpleResult:
     def __init__(self, text: str) -> None:
         from types import SimpleNamespace
         self.text, self.stats = text, SimpleNamespace(drafted=4, accepted=3)
+
+
+def test_the_board_keeps_the_totals_of_replicas_it_drops():
+    from asr_app.serve.ray_engine import MetricsBoard
+
+    board = MetricsBoard()
+    for k in range(70):   # more replicas than the board keeps (autoscaling churn, restarts)
+        board.publish(f"r{k}", k, SchedulerMetrics(batches=1, rows=2, latencies={"live": [0.1]}))
+    boards = board.snapshot()
+    assert len(boards) == 65 and boards["retired"][2].batches == 6 and boards["retired"][2].latencies == {}
+    merged = merge_metrics(boards, now=boards["r69"][0])
+    assert (merged.batches, merged.rows) == (70, 140)   # no counter goes down

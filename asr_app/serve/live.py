@@ -5,7 +5,7 @@ and its decoding choices (`mode`, `temperature`, `language`), sends audio as bin
 `{"type": "stop"}` as a text frame when it is done. The server answers with JSON text frames: `ready`
 (the session), the streaming events `asr-stream --jsonl` prints (`partial`, `commit` with word times),
 `error` for a refused chunk (the session goes on), `flushed` once the audio sent before a `{"type": "flush"}`
-frame is decoded, and, after a stop, `stats` and `done`. Each session is
+frame went through the session's stream processor, and, after a stop, `stats` and `done`. Each session is
 a `LiveSession` whose re-decodes go through the shared scheduler; the session's place is given back when
 the client stops or goes away.
 """
@@ -115,8 +115,9 @@ async def _receive_audio(ws: WebSocket, engine: UiEngine, session: LiveSession, 
             if isinstance(command, dict) and command.get("type") in ("stop", "finish", "eos"):
                 return True
             if isinstance(command, dict) and command.get("type") == "flush":
-                # Decode everything sent so far before answering: a client that waits for "flushed" after
-                # each frame gets the same steps, so the same text, however busy the server is.
+                # Answer once everything sent so far went through the session's stream processor (decoded
+                # where a step was due): a client that waits for "flushed" after each frame gets the same
+                # steps, so the same text, however busy the server is.
                 await run_in_threadpool(session.drain)
                 await _flush(ws, session)
                 await ws.send_json({"kind": "flushed", "audio_s": round(session.processed_s, 3)})

@@ -105,15 +105,18 @@ class MetricsBoard:
 
     def __init__(self) -> None:
         self._boards: dict[str, tuple[float, int, SchedulerMetrics]] = {}
+        self._retired = SchedulerMetrics()   # the totals of replicas dropped from the board
 
     def publish(self, replica: str, pid: int, metrics: SchedulerMetrics) -> None:
         self._boards[replica] = (time.time(), pid, metrics)
         if len(self._boards) > 64:
             oldest = min(self._boards, key=lambda k: self._boards[k][0])
-            del self._boards[oldest]
+            _seen, _pid, gone = self._boards.pop(oldest)
+            self._retired = merge_metrics({"a": (0.0, 0, self._retired), "b": (0.0, 0, gone)}, time.time())
+            self._retired.latencies = {}
 
     def snapshot(self) -> dict[str, tuple[float, int, SchedulerMetrics]]:
-        return dict(self._boards)
+        return {**self._boards, "retired": (0.0, 0, self._retired)}   # never fresh: no queue, no pid
 
 
 def merge_metrics(boards: dict[str, tuple[float, int, SchedulerMetrics]], now: float) -> SchedulerMetrics:
@@ -218,7 +221,7 @@ class RemoteScheduler:
             if self._waiting >= self.max_queue:
                 raise SchedulerBusy(f"the decoders have {self._waiting} requests waiting; try again shortly")
             self._waiting += 1
-        future = self._pool.submit(self._call, clip, options, prompt, hint, priority, session)
+            future = self._pool.submit(self._call, clip, options, prompt, hint, priority, session)
         future.add_done_callback(self._done)
         return future
 
@@ -232,8 +235,8 @@ class RemoteScheduler:
             try:
                 return self.handle.decode.remote(clip, options, prompt, hint, priority, session).result()
             except lost as exc:
-                if attempt == self.retries:
-                    raise RuntimeError(f"the decoder replica was lost {attempt} times in a row: {exc}") from exc
+                if attempt == self.retries:   # the service's outage, answered as busy (503), not a bad request
+                    raise SchedulerBusy(f"a decoder replica was lost {attempt} times in a row") from exc
                 with self._lock:
                     self.resent += 1
                 log.warning("a decoder replica was lost (%s); sending the row again", type(exc).__name__)
@@ -255,13 +258,6 @@ class RemoteScheduler:
         merged.queue_depth = max(merged.queue_depth, self._waiting)   # rows on their way count as queued
         merged.resent = self.resent
         return merged
-
-    def replicas(self) -> dict[str, int]:
-        """Replica name -> process id of the replicas that published lately (the kill test reads it)."""
-        import ray
-        now = time.time()
-        boards = ray.get(self.board.snapshot.remote(), timeout=10) if self.board is not None else {}
-        return {name: pid for name, (seen, pid, _m) in boards.items() if now - seen <= FRESH_S}
 
     def close(self, timeout: float | None = 10.0) -> None:
         with self._lock:
