@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -358,3 +359,57 @@ def test_every_command_line_option_reaches_the_options():
         assert cli.options_from_args(parser.parse_args(base + argv)) != default, dest
     assert cli.options_from_args(parser.parse_args(base + ["--language", "German"])).teacher.language == "de"
     assert cli.main(base + ["--holdout", "1.5"]) == 2  # a bad value: one line, before torch work
+
+
+def test_audio_folders_reached_through_links_are_found_once(tmp_path):
+    """A data folder made of links to corpora is read through them; a link back up does not loop."""
+    import soundfile as sf
+
+    from asr_app.distill.data import audio_files
+
+    corpus = tmp_path / "corpus" / "speaker"
+    corpus.mkdir(parents=True)
+    sf.write(str(corpus / "a.flac"), np.zeros(1600, np.float32), 16_000)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "linked").symlink_to(tmp_path / "corpus", target_is_directory=True)
+    (data / "linked" / "speaker" / "loop").symlink_to(data, target_is_directory=True)
+    files, missing = audio_files([data])
+    assert [p.name for p in files] == ["a.flac"] and not missing
+
+
+def test_real_recordings_get_augmented_copies(tmp_path):
+    import soundfile as sf
+
+    from asr_app.distill import synth
+
+    stereo = np.stack([np.sin(np.arange(8000) / 5), np.cos(np.arange(8000) / 5)], axis=1).astype(np.float32) * 0.5
+    sf.write(str(tmp_path / "take.wav"), stereo, 8000)
+    out = tmp_path / "out"
+    copies = synth.augment_files([tmp_path / "take.wav"], out, copies=3, seed=1)
+    assert len(copies) == 3 and len({p.read_bytes() for p in copies}) == 3  # three different versions
+    for path in copies:
+        audio, rate = sf.read(str(path))
+        assert rate == 16_000 and audio.ndim == 1 and 0.8 < audio.size / 16_000 < 2.5  # 1 s, sped or padded
+    manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert [m["source"] for m in manifest] == [str(tmp_path / "take.wav")] * 3
+    (tmp_path / "bad.wav").write_bytes(b"not audio")
+    with pytest.raises(synth.SynthError, match="bad.wav"):
+        synth.augment_files([tmp_path / "bad.wav"], out, copies=1)
+
+
+def test_training_text_lines_are_speakable_and_bounded():
+    import importlib.util
+    import random
+
+    spec = importlib.util.spec_from_file_location("make_training_text",
+                                                  Path(__file__).parents[1] / "tools" / "make_training_text.py")
+    text_tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(text_tool)
+    rng = random.Random(0)
+    passage = "One two three four five. " * 40 + "def f(x): return x[0] == {}"
+    lines = list(text_tool.lines_of(passage, rng))
+    assert lines and all(len(line.split()) <= text_tool.MAX_WORDS for line in lines)
+    assert text_tool.speakable("A gift of a flower will soon be made to you.")
+    assert not text_tool.speakable("def f(x): return x[0] == {}") and not text_tool.speakable("two words")
+    assert text_tool.clean("Be yourself.\n\t\t-- Oscar Wilde") == "Be yourself."

@@ -1,11 +1,14 @@
 """Synthetic speech for asr-distill: sentences in text files spoken by espeak-ng in random voices, augmented.
 
     python tools/make_synthetic_speech.py --text en:sentences_en.txt --text de:saetze.txt --out synth/ --repeat 3
+    python tools/make_synthetic_speech.py --augment real-speech/ --copies 4 --out synth/
     asr-distill --target openai/whisper-base --audio synth/ real-speech/ --eval-audio held-out/ --out drafts/base
 
 Each line of a text file is one sentence (blank lines and lines starting with # are skipped); each sentence is
 spoken --repeat times, each time in another voice, rate and pitch, with noise, reverb, speed and level
 changes unless --no-augment. Files land in OUT/<language>/, with OUT/manifest.jsonl saying how each was made.
+--augment makes --copies augmented versions of every audio file under the given folders (OUT/real/).
+tools/make_training_text.py makes an English text file from Debian's fortunes, licences and Python's docs.
 Needs Debian's espeak-ng (apt-get install espeak-ng). See asr_app/distill/synth.py and docs/distill.md.
 """
 
@@ -15,7 +18,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from asr_app.distill.synth import VOICES, AugmentOptions, SynthError, espeak_available, generate
+from tqdm import tqdm
+
+from asr_app.distill.data import audio_files
+from asr_app.distill.synth import (
+    VOICES,
+    AugmentOptions,
+    SynthError,
+    augment_files,
+    espeak_available,
+    generate,
+)
 
 
 def sentences(specs: list[str], repeat: int) -> list[tuple[str, str]]:
@@ -31,18 +44,29 @@ def sentences(specs: list[str], repeat: int) -> list[tuple[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--text", action="append", required=True, metavar="LANG:FILE")
+    ap.add_argument("--text", action="append", default=[], metavar="LANG:FILE")
+    ap.add_argument("--augment", nargs="+", type=Path, default=[], metavar="DIR",
+                    help="real recordings to write augmented copies of")
+    ap.add_argument("--copies", type=int, default=4, help="augmented copies per --augment file")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--repeat", type=int, default=1, help="voices per sentence")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-augment", action="store_true")
     args = ap.parse_args(argv)
-    if not espeak_available():
+    if not args.text and not args.augment:
+        ap.error("give --text LANG:FILE and/or --augment DIR")
+    if args.text and not espeak_available():
         print("error: espeak-ng is not installed (apt-get install espeak-ng)", file=sys.stderr)
         return 2
     try:
         todo = sentences(args.text, max(1, args.repeat))
-        written = generate(todo, args.out, args.seed, None if args.no_augment else AugmentOptions())
+        real, missing = audio_files(args.augment)
+        if missing:
+            raise ValueError("; ".join(missing))
+        with tqdm(total=len(todo) + len(real), unit="clip", disable=None) as bar:
+            written = generate(todo, args.out, args.seed, None if args.no_augment else AugmentOptions(),
+                               progress=lambda: bar.update())
+            written += augment_files(real, args.out, max(1, args.copies), args.seed, progress=lambda: bar.update())
     except (OSError, ValueError, SynthError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

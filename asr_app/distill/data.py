@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,21 @@ class Inventory:
         return sum(c.seconds for c in self.clips) / 3600
 
 
+def _files_under(folder: Path) -> list[Path]:
+    """Audio files under `folder`, sorted; linked folders are followed (a data folder is often a set of
+    links to corpora), each real folder once, so a link back up cannot loop."""
+    seen: set[str] = set()
+    found: list[Path] = []
+    for root, dirs, names in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:
+            dirs.clear()
+            continue
+        seen.add(real)
+        found += [Path(root) / n for n in names if is_audio_path(Path(n)) and (Path(root) / n).is_file()]
+    return sorted(found)
+
+
 def audio_files(sources: Iterable[Path]) -> tuple[list[Path], list[str]]:
     """Audio files under `sources` (folders searched recursively, files as given), and the sources that
     are neither."""
@@ -54,7 +70,7 @@ def audio_files(sources: Iterable[Path]) -> tuple[list[Path], list[str]]:
     for source in sources:
         source = Path(source)
         if source.is_dir():
-            files += sorted(p for p in source.rglob("*") if is_audio_path(p) and p.is_file())
+            files += _files_under(source)
         elif source.is_file():
             files.append(source)
         else:

@@ -12,7 +12,7 @@ import json
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -151,7 +151,8 @@ def augment(x: np.ndarray, rng: np.random.Generator, options: AugmentOptions = A
 
 
 def generate(sentences: Iterable[tuple[str, str]], out: Path, seed: int = 0,
-             options: AugmentOptions | None = AugmentOptions()) -> list[Path]:
+             options: AugmentOptions | None = AugmentOptions(),
+             progress: Callable[[], None] = lambda: None) -> list[Path]:
     """(language, text) pairs as FLAC files under `out/<language>/`, each in a random voice and (unless
     `options` is None) augmented; `out/manifest.jsonl` says how each was made."""
     rng = np.random.default_rng(seed)
@@ -159,6 +160,7 @@ def generate(sentences: Iterable[tuple[str, str]], out: Path, seed: int = 0,
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "manifest.jsonl", "a", encoding="utf-8") as manifest:
         for index, (language, text) in enumerate(sentences):
+            progress()
             voice = random_voice(language, rng)
             audio = synthesize(text, voice)
             audio, applied = augment(audio, rng, options) if options is not None else (audio, {})
@@ -168,4 +170,33 @@ def generate(sentences: Iterable[tuple[str, str]], out: Path, seed: int = 0,
             manifest.write(json.dumps({"file": str(path.relative_to(out)), "text": text, **asdict(voice),
                                        "augment": applied}, ensure_ascii=False) + "\n")
             written.append(path)
+    return written
+
+
+def augment_files(paths: Iterable[Path], out: Path, copies: int, seed: int = 0,
+                  options: AugmentOptions = AugmentOptions(),
+                  progress: Callable[[], None] = lambda: None) -> list[Path]:
+    """`copies` augmented versions of each real recording as FLAC files under `out/real/`: a little real
+    speech goes further when each clip is also heard faster, slower, noisier and in a room. Files that cannot
+    be read raise SynthError naming them; `out/manifest.jsonl` says how each copy was made."""
+    from asr_app.audio import AudioLoadError, prepare_audio
+
+    rng = np.random.default_rng(seed)
+    written = []
+    (out / "real").mkdir(parents=True, exist_ok=True)
+    with open(out / "manifest.jsonl", "a", encoding="utf-8") as manifest:
+        for path in paths:
+            progress()
+            try:
+                samples, rate = sf.read(str(path), dtype="float32", always_2d=True)
+                audio = prepare_audio(samples, rate, source=str(path))
+            except (OSError, RuntimeError, AudioLoadError) as exc:
+                raise SynthError(f"cannot read {path}: {exc}") from exc
+            for copy in range(copies):
+                augmented, applied = augment(audio, rng, options)
+                target = out / "real" / f"{path.stem}-aug{seed}-{copy}.flac"
+                sf.write(str(target), augmented, SAMPLE_RATE)
+                manifest.write(json.dumps({"file": str(target.relative_to(out)), "source": str(path),
+                                           "augment": applied}) + "\n")
+                written.append(target)
     return written
