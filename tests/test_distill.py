@@ -413,3 +413,21 @@ def test_training_text_lines_are_speakable_and_bounded():
     assert text_tool.speakable("A gift of a flower will soon be made to you.")
     assert not text_tool.speakable("def f(x): return x[0] == {}") and not text_tool.speakable("two words")
     assert text_tool.clean("Be yourself.\n\t\t-- Oscar Wilde") == "Be yourself."
+
+
+def test_every_option_field_is_read_by_the_recipe():
+    """Each field the front end fills (above) is read somewhere in the recipe: a field stored and never read
+    would be an option accepted and ignored."""
+    import ast
+    import dataclasses
+
+    from asr_app.distill import options as opts
+
+    package = Path(opts.__file__).parent
+    read: set[str] = set()
+    for path in package.glob("*.py"):
+        if path.name != "options.py":
+            read |= {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
+    for cls in (opts.DistillOptions, opts.TeacherOptions, opts.TrainOptions, opts.EvalOptions):
+        unread = {f.name for f in dataclasses.fields(cls)} - read
+        assert not unread, f"{cls.__name__}: {sorted(unread)} set by asr-distill and read nowhere in the recipe"

@@ -320,3 +320,51 @@ def test_translation_and_language_detection_on_the_multilingual_model(tmp_path):
         assert "morning" in english.lower() and "morgen" not in english.lower(), english
     finally:
         stop(proc)
+
+
+def test_a_flush_answers_within_the_request_timeout(tiny_en_pair):
+    """A client's flush holds a server thread at most the request timeout: past it the client hears why, and
+    the session goes on to its final text. (An in-process uvicorn on a real port, with a 20 ms timeout that
+    one decode of 8 s of speech always exceeds on a CPU.)"""
+    import threading
+
+    import uvicorn
+
+    from asr_app.audio import load_audio
+    from asr_app.limits import ServiceLimits
+    from asr_app.serve.app import build_app
+    from asr_app.ui.engine import UiEngine
+
+    engine = UiEngine(pair=tiny_en_pair, limits=ServiceLimits(request_timeout_s=0.02))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(build_app(engine, mount_ui=False), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    pcm = (np.clip(load_audio(str(JFK_FLAC))[: 8 * 16_000], -1, 1) * 32767).astype("<i2")
+
+    async def flush_then_stop() -> list[dict]:
+        async with connect(f"ws://127.0.0.1:{port}/v1/live?sample_rate=16000&mode=exact") as ws:
+            events = [json.loads(await ws.recv())]
+            await ws.send(pcm.tobytes())
+            await ws.send(json.dumps({"type": "flush"}))
+            while events[-1]["kind"] not in ("flushed", "error"):
+                events.append(json.loads(await ws.recv()))
+            await ws.send(json.dumps({"type": "stop"}))
+            async for message in ws:
+                events.append(json.loads(message))
+            return events
+
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        events = asyncio.run(flush_then_stop())
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        engine.scheduler.close()
+    errors = [e["message"] for e in events if e["kind"] == "error"]
+    assert any("not decoded within 0.02 s" in m and "session goes on" in m for m in errors), events
+    assert "flushed" not in [e["kind"] for e in events]
+    assert events[-1]["kind"] == "done" and "fellow Americans" in events[-1]["text"], events[-1]

@@ -118,9 +118,15 @@ async def _receive_audio(ws: WebSocket, engine: UiEngine, session: LiveSession, 
                 # Answer once everything sent so far went through the session's stream processor (decoded
                 # where a step was due): a client that waits for "flushed" after each frame gets the same
                 # steps, so the same text, however busy the server is.
-                await run_in_threadpool(session.drain)
+                # Bounded by the request timeout, so a flush never holds a worker thread longer than a request.
+                drained = await run_in_threadpool(session.drain, limits.request_timeout_s)
                 await _flush(ws, session)
-                await ws.send_json({"kind": "flushed", "audio_s": round(session.processed_s, 3)})
+                if drained:
+                    await ws.send_json({"kind": "flushed", "audio_s": round(session.processed_s, 3)})
+                else:
+                    await ws.send_json({"kind": "error", "message": f"flush: the audio sent so far was not decoded "
+                                        f"within {limits.request_timeout_s:g} s; it is still queued and the "
+                                        "session goes on"})
                 continue
             await ws.send_json({"kind": "error",
                                 "message": 'text frames are commands: send {"type": "stop"} or {"type": "flush"}'})
