@@ -116,7 +116,10 @@ PROBES: dict[str, dict[str, list[str]]] = {
     # bodies of its deployments are built here); a port below 1024 cannot be bound (the fake _port_problem)
     V: {**MODEL_PROBES,
         "model": ["H:--model base", "H:--engine ray --model base | --engine ray"],  # what each replica loads
-        "device": ["H:--device cpu", "H:--engine ray --device cpu | --engine ray"],
+        "device": ["H:--device cpu", "H:--engine ray --device cpu | --engine ray",
+                   "H:--engine ray --device cuda --gpus-per-replica 1 | --engine ray --gpus-per-replica 1",
+                   "R:--engine ray --device cuda", "R:--engine ray --device cuda:1 --gpus-per-replica 1",
+                   "R:--engine ray --device cpu --gpus-per-replica 1"],  # a replica sees only its GPUs
         "mode": ["H:--mode off", "H:--mode sigmoid", "R:--mode hf"],  # requests and sessions decode in these
         "temperature": ["H:--temperature 0.4", "H:--temperature 0,0.5,1",
                         "H:--engine ray --temperature 0,0.5,1 | --engine ray"],

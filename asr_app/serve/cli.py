@@ -74,9 +74,23 @@ def ray_options_from_args(args: argparse.Namespace):
     if args.replicas != 1 and (args.min_replicas is not None or args.max_replicas is not None):
         raise ValueError("--replicas fixes the number of decoder replicas and --min-replicas/--max-replicas "
                          "autoscale it: give one or the other")
+    _check_replica_device(args.device, args.gpus_per_replica)
     return RayServeOptions(address=args.address, replicas=args.replicas, min_replicas=args.min_replicas,
                            max_replicas=args.max_replicas, gpus_per_replica=args.gpus_per_replica,
                            cpus_per_replica=float(args.threads or 1), batching=args.replica_batching)
+
+
+def _check_replica_device(device: str, gpus_per_replica: float) -> None:
+    """A Ray replica sees only the GPUs it reserved, as cuda:0 onwards: a CUDA device needs a reservation and
+    a reservation needs a device that uses it; refused here, not found out inside a replica."""
+    if device.startswith("cuda") and gpus_per_replica <= 0:
+        raise ValueError(f"--device {device} with --engine ray needs --gpus-per-replica > 0: a replica sees "
+                         "only the GPUs it reserves")
+    if device.startswith("cuda:") and device != "cuda:0":
+        raise ValueError(f"--device {device}: with --engine ray each replica sees its reserved GPU as cuda:0; "
+                         "give --device cuda")
+    if device == "cpu" and gpus_per_replica > 0:
+        raise ValueError("--gpus-per-replica reserves GPUs that --device cpu replicas would never use")
 
 
 def limits_from_args(args: argparse.Namespace) -> ServiceLimits:
