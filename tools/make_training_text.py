@@ -30,9 +30,21 @@ MIN_WORDS, MAX_WORDS = 3, 75
 SPEAKABLE = re.compile(r"^[A-Za-z0-9 ,.;:!?'\"()\-$%&/]+$")
 
 
+# The English files of Debian's fortunes and fortunes-min: other languages' packages (fortunes-it, ...) put
+# files in the same folder, so the English ones are named, not globbed.
+ENGLISH_FORTUNES = (
+    "art", "ascii-art", "computers", "cookie", "debian", "definitions", "disclaimer", "drugs", "education",
+    "ethnic", "food", "fortunes", "goedel", "humorists", "kids", "knghtbrd", "law", "linux", "linuxcookie",
+    "literature", "love", "magic", "medicine", "men-women", "miscellaneous", "news", "paradoxum", "people",
+    "perl", "pets", "platitudes", "politics", "pratchett", "riddles", "science", "songs-poems", "sports",
+    "startrek", "tao", "translate-me", "wisdom", "work", "zippy")
+
+
 def fortune_passages(folder: Path = FORTUNES) -> Iterator[str]:
-    """Each fortune (the text between '%' lines) of every plain fortune file."""
-    for path in sorted(p for p in folder.glob("*") if p.is_file() and not p.suffix):
+    """Each fortune (the text between '%' lines) of every English fortune file that is installed."""
+    for path in (folder / name for name in ENGLISH_FORTUNES):
+        if not path.is_file():
+            continue
         text = path.read_text(encoding="utf-8", errors="replace")
         yield from text.split("\n%\n")
 
