@@ -362,20 +362,25 @@ def test_every_command_line_option_reaches_the_options():
 
 
 def test_audio_folders_reached_through_links_are_found_once(tmp_path):
-    """A data folder made of links to corpora is read through them; a link back up does not loop."""
+    """A data folder made of links to corpora is read through them; a link back up does not loop; a folder
+    or a file reached through two links counts once."""
     import soundfile as sf
 
     from asr_app.distill.data import audio_files
 
     corpus = tmp_path / "corpus" / "speaker"
     corpus.mkdir(parents=True)
-    sf.write(str(corpus / "a.flac"), np.zeros(1600, np.float32), 16_000)
+    for name in ("a.flac", "b.flac"):
+        sf.write(str(corpus / name), np.zeros(1600, np.float32), 16_000)
     data = tmp_path / "data"
     data.mkdir()
     (data / "linked").symlink_to(tmp_path / "corpus", target_is_directory=True)
+    (data / "linked-again").symlink_to(tmp_path / "corpus", target_is_directory=True)
+    (data / "a-by-link.flac").symlink_to(corpus / "a.flac")
     (data / "linked" / "speaker" / "loop").symlink_to(data, target_is_directory=True)
     files, missing = audio_files([data])
-    assert [p.name for p in files] == ["a.flac"] and not missing
+    assert not missing
+    assert [p.relative_to(data).as_posix() for p in files] == ["a-by-link.flac", "linked/speaker/b.flac"]
 
 
 def test_real_recordings_get_augmented_copies(tmp_path):
@@ -390,12 +395,19 @@ def test_real_recordings_get_augmented_copies(tmp_path):
     assert len(copies) == 3 and len({p.read_bytes() for p in copies}) == 3  # three different versions
     for path in copies:
         audio, rate = sf.read(str(path))
-        assert rate == 16_000 and audio.ndim == 1 and 0.8 < audio.size / 16_000 < 2.5  # 1 s, sped or padded
+        assert rate == 16_000 and audio.ndim == 1 and 0.8 < audio.size / 16_000 < 3.0  # 1 s, sped or padded
     manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
     assert [m["source"] for m in manifest] == [str(tmp_path / "take.wav")] * 3
+    twin = tmp_path / "other" / "take.wav"          # the same name in another folder keeps its own copies
+    twin.parent.mkdir()
+    sf.write(str(twin), stereo[:4000], 8000)
+    assert not set(synth.augment_files([twin], out, copies=3, seed=1)) & set(copies)
+    assert all(p.is_file() for p in copies)
     (tmp_path / "bad.wav").write_bytes(b"not audio")
-    with pytest.raises(synth.SynthError, match="bad.wav"):
-        synth.augment_files([tmp_path / "bad.wav"], out, copies=1)
+    (tmp_path / "empty.wav").write_bytes(b"")
+    for bad in ("bad.wav", "empty.wav"):
+        with pytest.raises(synth.SynthError, match=bad):
+            synth.augment_files([tmp_path / bad], out, copies=1)
 
 
 def test_training_text_lines_are_speakable_and_bounded():
@@ -413,6 +425,15 @@ def test_training_text_lines_are_speakable_and_bounded():
     assert text_tool.speakable("A gift of a flower will soon be made to you.")
     assert not text_tool.speakable("def f(x): return x[0] == {}") and not text_tool.speakable("two words")
     assert text_tool.clean("Be yourself.\n\t\t-- Oscar Wilde") == "Be yourself."
+    assert [text_tool.ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == \
+        ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"]
+    templates = list(text_tool.template_passages(random.Random(1), 200))
+    assert len(set(templates)) > 150 and all(text_tool.MIN_WORDS <= len(t.split()) <= text_tool.MAX_WORDS
+                                             for t in templates)
+    lines = text_tool.collect(random.Random(2), templates=50)   # on this machine's own text
+    kept = [line for line in lines if line.startswith(("The meeting moved", "Call me at", "Flight ", "We counted"))]
+    assert len(lines) == len(set(lines)) and len(kept) >= 30   # 4 of the 5 shapes; the phone and flight lines too
+    assert any(line.startswith(("Call me at", "Flight ")) for line in kept)
 
 
 def test_every_option_field_is_read_by_the_recipe():
@@ -426,7 +447,7 @@ def test_every_option_field_is_read_by_the_recipe():
     package = Path(opts.__file__).parent
     read: set[str] = set()
     for path in package.glob("*.py"):
-        if path.name != "options.py":
+        if path.name not in ("options.py", "synth.py"):   # synth.py (audio making) is not the recipe
             read |= {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
     for cls in (opts.DistillOptions, opts.TeacherOptions, opts.TrainOptions, opts.EvalOptions):
         unread = {f.name for f in dataclasses.fields(cls)} - read

@@ -118,6 +118,7 @@ PROBES: dict[str, dict[str, list[str]]] = {
         "model": ["H:--model base", "H:--engine ray --model base | --engine ray"],  # what each replica loads
         "device": ["H:--device cpu", "H:--engine ray --device cpu | --engine ray",
                    "H:--engine ray --device cuda --gpus-per-replica 1 | --engine ray --gpus-per-replica 1",
+                   "H:--engine ray --device cuda:1 --gpus-per-replica 2 | --engine ray --gpus-per-replica 2",
                    "R:--engine ray --device cuda", "R:--engine ray --device cuda:1 --gpus-per-replica 1",
                    "R:--engine ray --device cpu --gpus-per-replica 1"],  # a replica sees only its GPUs
         "mode": ["H:--mode off", "H:--mode sigmoid", "R:--mode hf"],  # requests and sessions decode in these

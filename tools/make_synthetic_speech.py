@@ -55,18 +55,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.text and not args.augment:
         ap.error("give --text LANG:FILE and/or --augment DIR")
+    if args.augment and (args.no_augment or args.copies < 1):
+        ap.error("--augment writes augmented copies: it needs --copies >= 1 and no --no-augment")
     if args.text and not espeak_available():
         print("error: espeak-ng is not installed (apt-get install espeak-ng)", file=sys.stderr)
         return 2
     try:
         todo = sentences(args.text, max(1, args.repeat))
         real, missing = audio_files(args.augment)
-        if missing:
-            raise ValueError("; ".join(missing))
+        if missing or (args.augment and not real):
+            raise ValueError("; ".join(missing) or f"no audio files under {', '.join(map(str, args.augment))}")
         with tqdm(total=len(todo) + len(real), unit="clip", disable=None) as bar:
             written = generate(todo, args.out, args.seed, None if args.no_augment else AugmentOptions(),
                                progress=lambda: bar.update())
-            written += augment_files(real, args.out, max(1, args.copies), args.seed, progress=lambda: bar.update())
+            written += augment_files(real, args.out, args.copies, args.seed, progress=lambda: bar.update())
     except (OSError, ValueError, SynthError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

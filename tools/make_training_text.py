@@ -6,10 +6,12 @@
 
 The shipped tiny.en draft's README names its text: Debian's fortunes, the licence texts in
 /usr/share/common-licenses, Python standard-library docstrings, and number/date/money templates. This
-collects the same kinds of text, so the draft can be rebuilt here: passages are cut into lines of 3-75
-words (one line is one clip, at most ~28 s of speech at espeak-ng's slowest rate), lines that read like
-code or ASCII art are dropped, and the order is shuffled with --seed so that the same machine gives the
-same file.
+collects the same kinds of text, so the draft can be rebuilt here: passages are cut into lines of 3-45
+words (one line is one clip: 45 words at espeak-ng's slowest 115 words per minute, slowed to 0.9x and
+padded with silence, still fit one 30 s window), lines that read like code or ASCII art are dropped, and
+the order is shuffled with --seed, so that the same machine with the same packages gives the same file.
+(The tiny.en rebuild in docs/distill.md used this tool at commit 2c07912, which cut lines of up to 75
+words and let few template lines through.)
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 
 FORTUNES = Path("/usr/share/games/fortunes")
 LICENCES = Path("/usr/share/common-licenses")
-MIN_WORDS, MAX_WORDS = 3, 75
+MIN_WORDS, MAX_WORDS = 3, 45
 # A line is kept only if it is mostly letters and ordinary punctuation (no code, tables or art).
 SPEAKABLE = re.compile(r"^[A-Za-z0-9 ,.;:!?'\"()\-$%&/]+$")
 
@@ -50,8 +52,8 @@ def fortune_passages(folder: Path = FORTUNES) -> Iterator[str]:
 
 
 def licence_passages(folder: Path = LICENCES) -> Iterator[str]:
-    """The paragraphs of every licence text."""
-    for path in sorted(p for p in folder.glob("*") if p.is_file()):
+    """The paragraphs of every licence text (GPL, LGPL, ... are links to a version: read once)."""
+    for path in sorted(p for p in folder.glob("*") if p.is_file() and not p.is_symlink()):
         yield from path.read_text(encoding="utf-8", errors="replace").split("\n\n")
 
 
@@ -71,8 +73,13 @@ def docstring_passages(limit_files: int = 400) -> Iterator[str]:
                     yield from doc.split("\n\n")
 
 
+def ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
 def template_passages(rng: random.Random, count: int) -> Iterator[str]:
-    """Numbers, dates, money and times, which prose rarely has and transcripts often do."""
+    """Numbers, dates, money and times, which prose rarely has and transcripts often do. They are lines as
+    they stand (not cut, not held to the letter share that keeps code and art out of the prose)."""
     months = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
               "October", "November", "December"]
     shapes = [
@@ -82,8 +89,8 @@ def template_passages(rng: random.Random, count: int) -> Iterator[str]:
                 f"{rng.randint(1, 12)} o'clock.",
         lambda: f"Flight {rng.randint(10, 9999)} leaves from gate {rng.randint(1, 60)} at {rng.randint(1, 12)}:"
                 f"{rng.randint(0, 59):02d}.",
-        lambda: f"We counted {rng.randint(2, 100000)} people and {rng.randint(2, 500)} cars on the {rng.randint(1, 31)}"
-                f"th of {rng.choice(months)}.",
+        lambda: f"We counted {rng.randint(2, 100000)} people and {rng.randint(2, 500)} cars on the "
+                f"{ordinal(rng.randint(1, 31))} of {rng.choice(months)}.",
     ]
     for _ in range(count):
         yield rng.choice(shapes)()
@@ -120,14 +127,17 @@ def speakable(line: str) -> bool:
 
 
 def collect(rng: random.Random, templates: int) -> list[str]:
-    passages = [*fortune_passages(), *licence_passages(), *docstring_passages(),
-                *template_passages(rng, templates)]
+    passages = [*fortune_passages(), *licence_passages(), *docstring_passages()]
     seen, out = set(), []
     for passage in passages:
         for line in lines_of(passage, rng):
             if speakable(line) and line not in seen:
                 seen.add(line)
                 out.append(line)
+    for line in template_passages(rng, templates):
+        if line not in seen:
+            seen.add(line)
+            out.append(line)
     return out
 
 

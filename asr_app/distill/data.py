@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import soundfile as sf
 
 from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS, AudioLoadError, is_audio_path, load_audio
 from asr_app.distill.errors import DistillError
+from asr_app.folders import files_under
 
 MIN_SECONDS = 0.3  # a file's last window shorter than this is left out (nothing to transcribe)
 
@@ -47,21 +47,6 @@ class Inventory:
         return sum(c.seconds for c in self.clips) / 3600
 
 
-def _files_under(folder: Path) -> list[Path]:
-    """Audio files under `folder`, sorted; linked folders are followed (a data folder is often a set of
-    links to corpora), each real folder once, so a link back up cannot loop."""
-    seen: set[str] = set()
-    found: list[Path] = []
-    for root, dirs, names in os.walk(folder, followlinks=True):
-        real = os.path.realpath(root)
-        if real in seen:
-            dirs.clear()
-            continue
-        seen.add(real)
-        found += [Path(root) / n for n in names if is_audio_path(Path(n)) and (Path(root) / n).is_file()]
-    return sorted(found)
-
-
 def audio_files(sources: Iterable[Path]) -> tuple[list[Path], list[str]]:
     """Audio files under `sources` (folders searched recursively, files as given), and the sources that
     are neither."""
@@ -70,7 +55,7 @@ def audio_files(sources: Iterable[Path]) -> tuple[list[Path], list[str]]:
     for source in sources:
         source = Path(source)
         if source.is_dir():
-            files += _files_under(source)
+            files += files_under(source, is_audio_path)
         elif source.is_file():
             files.append(source)
         else:

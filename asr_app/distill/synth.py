@@ -8,6 +8,7 @@ for real speech in the evaluation (docs/distill.md). tools/make_synthetic_speech
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -160,7 +161,6 @@ def generate(sentences: Iterable[tuple[str, str]], out: Path, seed: int = 0,
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "manifest.jsonl", "a", encoding="utf-8") as manifest:
         for index, (language, text) in enumerate(sentences):
-            progress()
             voice = random_voice(language, rng)
             audio = synthesize(text, voice)
             audio, applied = augment(audio, rng, options) if options is not None else (audio, {})
@@ -170,6 +170,7 @@ def generate(sentences: Iterable[tuple[str, str]], out: Path, seed: int = 0,
             manifest.write(json.dumps({"file": str(path.relative_to(out)), "text": text, **asdict(voice),
                                        "augment": applied}, ensure_ascii=False) + "\n")
             written.append(path)
+            progress()
     return written
 
 
@@ -179,24 +180,25 @@ def augment_files(paths: Iterable[Path], out: Path, copies: int, seed: int = 0,
     """`copies` augmented versions of each real recording as FLAC files under `out/real/`: a little real
     speech goes further when each clip is also heard faster, slower, noisier and in a room. Files that cannot
     be read raise SynthError naming them; `out/manifest.jsonl` says how each copy was made."""
-    from asr_app.audio import AudioLoadError, prepare_audio
+    from asr_app.audio import AudioLoadError, load_audio
 
     rng = np.random.default_rng(seed)
     written = []
     (out / "real").mkdir(parents=True, exist_ok=True)
     with open(out / "manifest.jsonl", "a", encoding="utf-8") as manifest:
         for path in paths:
-            progress()
             try:
-                samples, rate = sf.read(str(path), dtype="float32", always_2d=True)
-                audio = prepare_audio(samples, rate, source=str(path))
-            except (OSError, RuntimeError, AudioLoadError) as exc:
-                raise SynthError(f"cannot read {path}: {exc}") from exc
+                audio = load_audio(path)
+            except AudioLoadError as exc:
+                raise SynthError(f"cannot use {path}: {exc}") from exc
+            # Two recordings may share a name in different folders: the source's path names the copies too.
+            tag = hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:8]
             for copy in range(copies):
                 augmented, applied = augment(audio, rng, options)
-                target = out / "real" / f"{path.stem}-aug{seed}-{copy}.flac"
+                target = out / "real" / f"{path.stem}-{tag}-aug{seed}-{copy}.flac"
                 sf.write(str(target), augmented, SAMPLE_RATE)
                 manifest.write(json.dumps({"file": str(target.relative_to(out)), "source": str(path),
                                            "augment": applied}) + "\n")
                 written.append(target)
+            progress()
     return written

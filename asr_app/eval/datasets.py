@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from asr_app.folders import files_under
+
 DATASETS = ("librispeech", "ljspeech", "folder", "local")
 AUDIO_SUFFIXES = (".flac", ".wav", ".mp3", ".ogg", ".opus", ".m4a", ".aiff", ".aif")
 MANIFEST_NAMES = ("manifest.jsonl", "manifest.tsv")
@@ -44,6 +46,10 @@ class Utterance:
     @property
     def source(self) -> str:
         return str(self.audio_path) if self.audio_path is not None else f"<in-memory {self.id}>"
+
+
+def _is_audio(path: Path) -> bool:
+    return path.suffix.lower() in AUDIO_SUFFIXES
 
 
 def load_dataset(
@@ -224,7 +230,7 @@ def load_folder(data_dir: str | Path) -> list[Utterance]:
         if (path / name).is_file():
             return read_manifest(path / name)
     utterances = []
-    audio_files = sorted(p for p in path.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file())
+    audio_files = files_under(path, _is_audio)
     for audio in audio_files:
         transcript = audio.with_suffix(".txt")
         if transcript.is_file():
@@ -306,7 +312,7 @@ def load_local(data_dir: str | Path | None = None) -> list[Utterance]:
     found: dict[str, Utterance] = {}
     for root in present:
         texts = local_transcripts(root)
-        for audio in sorted(p for p in root.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file()):
+        for audio in files_under(root, _is_audio):
             found.setdefault(audio.stem, Utterance(id=audio.stem, reference=texts.get(audio.stem, ""), audio_path=audio))
     return sorted(found.values(), key=lambda u: u.id)
 
@@ -316,17 +322,17 @@ def local_transcripts(root: Path) -> dict[str, str]:
     `sentences.txt` tables (`id|text[|normalised text]`, the last column preferred as in LJSpeech), and a
     `.txt` beside an audio file of the same name."""
     texts: dict[str, str] = {}
-    for trans in sorted(root.rglob("*.trans.txt")):
+    for trans in files_under(root, lambda p: p.name.endswith(".trans.txt")):
         for line in trans.read_text(encoding="utf-8").splitlines():
             utt_id, _, text = line.strip().partition(" ")
             if utt_id:
                 texts[utt_id] = text.strip()
-    for table in sorted([*root.rglob("metadata.csv"), *root.rglob("sentences.txt")]):
+    for table in files_under(root, lambda p: p.name in ("metadata.csv", "sentences.txt")):
         with table.open(encoding="utf-8", newline="") as fh:
             for row in csv.reader(fh, delimiter="|", quoting=csv.QUOTE_NONE):
                 if len(row) >= 2 and row[0].strip():
                     texts[row[0].strip()] = (row[2] if len(row) >= 3 and row[2].strip() else row[1]).strip()
-    for txt in sorted(root.rglob("*.txt")):
+    for txt in files_under(root, lambda p: p.suffix == ".txt"):
         if any(txt.with_suffix(suffix).is_file() for suffix in AUDIO_SUFFIXES):
             texts.setdefault(txt.stem, txt.read_text(encoding="utf-8").strip())
     return texts

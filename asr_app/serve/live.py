@@ -124,7 +124,8 @@ async def _receive_audio(ws: WebSocket, engine: UiEngine, session: LiveSession, 
                 if drained:
                     await ws.send_json({"kind": "flushed", "audio_s": round(session.processed_s, 3)})
                 else:
-                    await ws.send_json({"kind": "error", "message": f"flush: the audio sent so far was not decoded "
+                    await ws.send_json({"kind": "error", "command": "flush",
+                                        "message": f"flush: the audio sent so far was not decoded "
                                         f"within {limits.request_timeout_s:g} s; it is still queued and the "
                                         "session goes on"})
                 continue

@@ -1,0 +1,35 @@
+"""Files under folders, through links: a data folder is often a set of links to corpora.
+
+`Path.rglob` (Python 3.11) does not descend into linked folders, so such a folder looked empty. Here linked
+folders are followed, each real folder once (a link back up cannot loop, and a folder reached through two
+links is read through the first in sorted order), and a file reached twice counts once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+def files_under(folder: Path, accept: Callable[[Path], bool]) -> list[Path]:
+    """The files under `folder` that `accept` takes, sorted, each real file once."""
+    seen_folders: set[str] = set()
+    seen_files: set[str] = set()
+    found: list[Path] = []
+    for root, dirs, names in os.walk(folder, followlinks=True):
+        dirs.sort()   # walk order decides which of two links to one folder names its files
+        real = os.path.realpath(root)
+        if real in seen_folders:
+            dirs.clear()
+            continue
+        seen_folders.add(real)
+        for name in sorted(names):
+            path = Path(root) / name
+            if not accept(path) or not path.is_file():
+                continue
+            identity = os.path.realpath(path)
+            if identity not in seen_files:
+                seen_files.add(identity)
+                found.append(path)
+    return sorted(found)
