@@ -430,7 +430,17 @@ def test_training_text_lines_are_speakable_and_bounded():
     templates = list(text_tool.template_passages(random.Random(1), 200))
     assert len(set(templates)) > 150 and all(text_tool.MIN_WORDS <= len(t.split()) <= text_tool.MAX_WORDS
                                              for t in templates)
-    lines = text_tool.collect(random.Random(2), templates=50)   # on this machine's own text
+    roff = ".SH NOM\nUtilisation des \\('etiquettes de \\fBsymbole\\fP, \\[u00E0] la fa\\(,con\n.PP\nDeux mots ici"
+    assert text_tool.roff_text(roff) == "Utilisation des étiquettes de symbole, à la façon\n\nDeux mots ici"
+    assert text_tool.speakable("Der Hund und die Katze sind nicht hier.", "de")
+    assert not text_tool.speakable("The dog and the cat are not here.", "de")      # English quoted in German
+    assert text_tool.speakable("И слепой обидится, если сказать ему.", "ru")
+    assert not text_tool.speakable("God is Real, unless declared as Integer.", "ru")
+    assert not text_tool.speakable("x = {a: b} und [c] ist", "de")                  # code, in any language
+    prose = ["A gift of a flower will soon be made to you.", "if (a == b) { return c; }",
+             "A gift of a flower will soon be made to you."]
+    lines = text_tool.collect(random.Random(2), templates=50, passages=prose)
+    assert lines[0] == prose[0] and prose[1] not in lines and lines.count(prose[0]) == 1
     kept = [line for line in lines if line.startswith(("The meeting moved", "Call me at", "Flight ", "We counted"))]
     assert len(lines) == len(set(lines)) and len(kept) >= 30   # 4 of the 5 shapes; the phone and flight lines too
     assert any(line.startswith(("Call me at", "Flight ")) for line in kept)

@@ -3,6 +3,8 @@
     apt-get install fortunes fortunes-min
     python tools/make_training_text.py --out en.txt --lines 3000
     python tools/make_synthetic_speech.py --text en:en.txt --out synth/
+    apt-get install fortunes-de fortunes-es fortunes-it fortunes-ru manpages-fr
+    python tools/make_training_text.py --language de --out de.txt --lines 3000
 
 The shipped tiny.en draft's README names its text: Debian's fortunes, the licence texts in
 /usr/share/common-licenses, Python standard-library docstrings, and number/date/money templates. This
@@ -10,6 +12,8 @@ collects the same kinds of text, so the draft can be rebuilt here: passages are 
 words (one line is one clip: 45 words at espeak-ng's slowest 115 words per minute, slowed to 0.9x and
 padded with silence, still fit one 30 s window), lines that read like code or ASCII art are dropped, and
 the order is shuffled with --seed, so that the same machine with the same packages gives the same file.
+Other languages (--language de, es, it, ru: Debian's fortunes-de/-es/-it/-ru; fr: the French manual pages
+of manpages-fr, their roff markup removed) for a multilingual target's draft; templates are English only.
 (The tiny.en rebuild in docs/distill.md used this tool at commit 2c07912, which cut lines of up to 75
 words and let few template lines through.)
 """
@@ -18,10 +22,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import gzip
 import random
 import re
 import sys
 import sysconfig
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +55,59 @@ def fortune_passages(folder: Path = FORTUNES) -> Iterator[str]:
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
         yield from text.split("\n%\n")
+
+
+# Where each other language's text lies: a fortunes folder, or (French) manual pages.
+OTHER_FORTUNES = {"de": FORTUNES / "de", "es": FORTUNES / "es", "it": FORTUNES / "it", "ru": FORTUNES / "ru"}
+FRENCH_MANUALS = Path("/usr/share/man/fr")
+PACKAGES = {"en": "fortunes fortunes-min", "de": "fortunes-de", "es": "fortunes-es", "it": "fortunes-it",
+            "ru": "fortunes-ru", "fr": "manpages-fr"}
+# Characters of code, markup and art, which prose in any of these languages rarely has.
+NOT_PROSE = set("{}[]<>=_#|\\@^~`*+")
+
+
+def folder_fortunes(folder: Path) -> Iterator[str]:
+    """Each fortune of every fortune file in `folder` (a language's own folder: all of it is that language)."""
+    for path in sorted(p for p in folder.glob("*") if p.is_file() and p.suffix not in (".dat", ".u8")
+                       and not p.is_symlink()):
+        yield from path.read_text(encoding="utf-8", errors="replace").split("\n%\n")
+
+
+COMBINING = {"'": "\u0301", "`": "\u0300", "^": "\u0302", ":": "\u0308", ",": "\u0327", "~": "\u0303"}
+
+
+def _accented(match: re.Match) -> str:
+    return unicodedata.normalize("NFC", match.group(2) + COMBINING[match.group(1)])
+
+
+def roff_text(source: str) -> str:
+    """A manual page's words: requests (lines starting with . or ') end a paragraph, escapes are dropped."""
+    paragraphs, current = [], []
+    for line in source.splitlines():
+        if line.startswith((".", "'")):
+            if current:
+                paragraphs.append(" ".join(current))
+                current = []
+            continue
+        line = re.sub(r"\\f(\[[^]]*\]|\(..|.)", "", line)       # font changes
+        line = re.sub(r"\\\((['`^:,~])([A-Za-z])", _accented, line)  # \('e is é
+        line = re.sub(r"\\\[u([0-9A-Fa-f]{4})\]", lambda m: chr(int(m.group(1), 16)), line)
+        line = re.sub(r"\\\((..)", "", line)                     # other special characters
+        line = line.replace("\\-", "-").replace("\\&", "").replace("\\e", "")
+        line = re.sub(r"\\.", "", line)
+        if line.strip():
+            current.append(line.strip())
+    if current:
+        paragraphs.append(" ".join(current))
+    return "\n\n".join(paragraphs)
+
+
+def manual_passages(folder: Path = FRENCH_MANUALS) -> Iterator[str]:
+    for path in sorted(folder.glob("man*/*.gz")):
+        try:
+            yield from roff_text(gzip.decompress(path.read_bytes()).decode("utf-8", errors="replace")).split("\n\n")
+        except (OSError, EOFError):
+            continue
 
 
 def licence_passages(folder: Path = LICENCES) -> Iterator[str]:
@@ -120,18 +179,48 @@ def lines_of(passage: str, rng: random.Random) -> Iterator[str]:
         yield " ".join(line)
 
 
-def speakable(line: str) -> bool:
+# Function words, to keep the English lines that other languages' fortunes and manuals quote out of them.
+FUNCTION_WORDS = {
+    "en": {"the", "and", "of", "to", "is", "you", "that", "it", "with", "for", "are", "this", "be", "not"},
+    "de": {"der", "die", "das", "und", "ist", "nicht", "ein", "eine", "ich", "zu", "mit", "sie", "es", "den"},
+    "es": {"el", "la", "los", "las", "que", "y", "es", "un", "una", "no", "por", "con", "se", "del"},
+    "it": {"il", "la", "che", "e", "di", "un", "una", "non", "per", "con", "si", "sono", "del", "della"},
+    "fr": {"le", "la", "les", "et", "est", "un", "une", "des", "du", "que", "pour", "pas", "dans", "avec"},
+}
+
+
+def in_language(line: str, language: str) -> bool:
+    """Whether `line` reads as `language` rather than English (Cyrillic letters for Russian)."""
+    letters = [c for c in line if c.isalpha()]
+    if language == "ru":
+        return sum("\u0400" <= c <= "\u04ff" for c in letters) >= 0.8 * len(letters)
+    words = [w.strip(".,;:!?'\"()").lower() for w in line.split()]
+    own = sum(w in FUNCTION_WORDS[language] for w in words)
+    return language == "en" or own > sum(w in FUNCTION_WORDS["en"] for w in words)
+
+
+def speakable(line: str, language: str = "en") -> bool:
     words = line.split()
-    return MIN_WORDS <= len(words) <= MAX_WORDS and bool(SPEAKABLE.match(line)) and \
-        sum(c.isalpha() for c in line) >= 0.6 * len(line)
+    prose = bool(SPEAKABLE.match(line)) if language == "en" else not (set(line) & NOT_PROSE)
+    return (MIN_WORDS <= len(words) <= MAX_WORDS and prose and sum(c.isalpha() for c in line) >= 0.6 * len(line)
+            and in_language(line, language))
 
 
-def collect(rng: random.Random, templates: int) -> list[str]:
-    passages = [*fortune_passages(), *licence_passages(), *docstring_passages()]
+def passages_in(language: str) -> list[str]:
+    if language == "en":
+        return [*fortune_passages(), *licence_passages(), *docstring_passages()]
+    if language == "fr":
+        return list(manual_passages())
+    return list(folder_fortunes(OTHER_FORTUNES[language]))
+
+
+def collect(rng: random.Random, templates: int, language: str = "en", passages: list[str] | None = None) -> list[str]:
+    passages = passages_in(language) if passages is None else passages
+    templates = templates if language == "en" else 0
     seen, out = set(), []
     for passage in passages:
         for line in lines_of(passage, rng):
-            if speakable(line) and line not in seen:
+            if speakable(line, language) and line not in seen:
                 seen.add(line)
                 out.append(line)
     for line in template_passages(rng, templates):
@@ -147,12 +236,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lines", type=int, default=3000, help="lines written (at most what the sources hold)")
     ap.add_argument("--templates", type=int, default=300, help="number/date/money lines among the sources")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--language", choices=sorted(PACKAGES), default="en")
     args = ap.parse_args(argv)
-    if not FORTUNES.is_dir():
-        print(f"error: {FORTUNES} is missing (apt-get install fortunes fortunes-min)", file=sys.stderr)
-        return 2
     rng = random.Random(args.seed)
-    lines = collect(rng, args.templates)
+    lines = collect(rng, args.templates, args.language)
+    if len(lines) <= args.templates:
+        print(f"error: no {args.language} text found here (apt-get install {PACKAGES[args.language]})",
+              file=sys.stderr)
+        return 2
     rng.shuffle(lines)
     chosen = lines[:args.lines]
     args.out.write_text("\n".join(chosen) + "\n", encoding="utf-8")
