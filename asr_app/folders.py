@@ -2,7 +2,8 @@
 
 `Path.rglob` (Python 3.11) does not descend into linked folders, so such a folder looked empty. Here linked
 folders are followed, each real folder once (a link back up cannot loop, and a folder reached through two
-links is read through the first in sorted order), and a file reached twice counts once.
+links is read through the first in sorted order). Links to files are files under their own names: a clip
+linked under a second name is a second item (deciding what counts as the same audio is the caller's).
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from pathlib import Path
 
 
 def files_under(folder: Path, accept: Callable[[Path], bool]) -> list[Path]:
-    """The files under `folder` that `accept` takes, sorted, each real file once."""
+    """The files under `folder` that `accept` takes, sorted."""
     seen_folders: set[str] = set()
-    seen_files: set[str] = set()
     found: list[Path] = []
     for root, dirs, names in os.walk(folder, followlinks=True):
         dirs.sort()   # walk order decides which of two links to one folder names its files
@@ -26,10 +26,6 @@ def files_under(folder: Path, accept: Callable[[Path], bool]) -> list[Path]:
         seen_folders.add(real)
         for name in sorted(names):
             path = Path(root) / name
-            if not accept(path) or not path.is_file():
-                continue
-            identity = os.path.realpath(path)
-            if identity not in seen_files:
-                seen_files.add(identity)
+            if accept(path) and path.is_file():
                 found.append(path)
     return sorted(found)

@@ -363,15 +363,15 @@ def test_every_command_line_option_reaches_the_options():
 
 def test_audio_folders_reached_through_links_are_found_once(tmp_path):
     """A data folder made of links to corpora is read through them; a link back up does not loop; a folder
-    or a file reached through two links counts once."""
+    reached through two links is read once, and the same audio under two names is one clip."""
     import soundfile as sf
 
-    from asr_app.distill.data import audio_files
+    from asr_app.distill.data import audio_files, inventory
 
     corpus = tmp_path / "corpus" / "speaker"
     corpus.mkdir(parents=True)
-    for name in ("a.flac", "b.flac"):
-        sf.write(str(corpus / name), np.zeros(1600, np.float32), 16_000)
+    for i, name in enumerate(("a.flac", "b.flac")):
+        sf.write(str(corpus / name), np.full(16_000, 0.1 * (i + 1), np.float32), 16_000)
     data = tmp_path / "data"
     data.mkdir()
     (data / "linked").symlink_to(tmp_path / "corpus", target_is_directory=True)
@@ -380,7 +380,9 @@ def test_audio_folders_reached_through_links_are_found_once(tmp_path):
     (data / "linked" / "speaker" / "loop").symlink_to(data, target_is_directory=True)
     files, missing = audio_files([data])
     assert not missing
-    assert [p.relative_to(data).as_posix() for p in files] == ["a-by-link.flac", "linked/speaker/b.flac"]
+    assert [p.relative_to(data).as_posix() for p in files] == \
+        ["a-by-link.flac", "linked/speaker/a.flac", "linked/speaker/b.flac"]
+    assert [c.path.name for c in inventory([data]).clips] == ["a-by-link.flac", "b.flac"]
 
 
 def test_real_recordings_get_augmented_copies(tmp_path):

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import DISTIL_DRAFT_DIR, LIBRISPEECH_DIR, TINY_EN_DIR
+from conftest import DISTIL_DRAFT_DIR, LIBRISPEECH_DIR, REPO_ROOT, TINY_EN_DIR
 
 from asr_app.eval.cli import main
 from asr_app.eval.datasets import load_dataset
@@ -108,6 +108,7 @@ def test_study_end_to_end(tmp_path, tiny_en_pair, capsys):
     assert comp["delta_wer"] == pytest.approx(figures["sigmoid"]["wer"] - figures["exact"]["wer"])
     png = (out / "study.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    _merged_parts_are_one_study(out, tmp_path, study, items)
 
     # The shared encoder output changes no token: one item decoded again without the memo.
     decoder = SpeculativeDecoder(tiny_en_pair)
@@ -131,3 +132,36 @@ def test_study_options_are_checked(capsys):
         with pytest.raises(SystemExit) as exc:
             main([*argv, *MODEL_ARGS])
         assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def _merged_parts_are_one_study(out, tmp_path, study: dict, items: list[dict]) -> None:
+    """tools/merge_study.py joins parts that differ only in their seeds into the study one run would give:
+    here the real part above and a copy of it under seeds 2 and 3 (its items, relabelled)."""
+    import importlib.util
+
+    from asr_app.eval.study_merge import read_study
+    from asr_app.eval.study_report import write_study
+
+    spec = importlib.util.spec_from_file_location("merge_study", REPO_ROOT / "tools" / "merge_study.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    run, meta = read_study(out)
+    assert len(run.items) == len(items) and run.seeds == [0, 1]
+    later = tmp_path / "later"
+    run.seeds = [2, 3]
+    for item in run.items:
+        item.seed += 2
+    write_study(run, meta, later)
+    merged = tmp_path / "merged"
+    assert tool.main([str(out), str(later), "--out", str(merged)]) == 0
+    whole = json.loads((merged / "study.json").read_text())
+    assert whole["seeds"] == [0, 1, 2, 3] and whole["clips"] == study["clips"]
+    assert len((merged / "study_items.jsonl").read_text().splitlines()) == 2 * len(items)
+    before = {f["label"]: f for f in study["figures"]}
+    for figure in whole["figures"]:   # the same items twice: the same rates, twice the pairs
+        assert figure["wer"] == pytest.approx(before[figure["label"]]["wer"])
+    assert [c["pairs"] for c in whole["comparisons"]] == [12]
+    assert tool.main([str(out), str(out), "--out", str(tmp_path / "twice")]) == 2          # a seed counted twice
+    (later / "study.json").write_text(json.dumps({**json.loads((later / "study.json").read_text()),
+                                                  "temperatures": [0.6]}))
+    assert tool.main([str(out), str(later), "--out", str(tmp_path / "other")]) == 2         # not one study

@@ -93,11 +93,16 @@ def inventory(sources: Sequence[Path], role: str = "training") -> Inventory:
     """The clips of every usable file under `sources`; DistillError when there is none."""
     files, skipped = audio_files(sources)
     clips: list[Clip] = []
+    keys: set[str] = set()
     for path in files:
         try:
-            clips += _file_clips(path)
+            # The same bytes under two names (a copy, a link) are one clip: trained on once, labelled once.
+            fresh = [c for c in _file_clips(path) if c.key not in keys]
         except (AudioLoadError, OSError) as exc:
             skipped.append(str(exc))
+            continue
+        keys.update(c.key for c in fresh)
+        clips += fresh
     if not clips:
         where = ", ".join(str(s) for s in sources)
         why = f"; first problem: {skipped[0]}" if skipped else ""
