@@ -322,17 +322,19 @@ def local_transcripts(root: Path) -> dict[str, str]:
     `sentences.txt` tables (`id|text[|normalised text]`, the last column preferred as in LJSpeech), and a
     `.txt` beside an audio file of the same name."""
     texts: dict[str, str] = {}
-    for trans in files_under(root, lambda p: p.name.endswith(".trans.txt")):
+    # One walk of the tree (it may be large, behind links) for all three kinds of transcript file.
+    found = files_under(root, lambda p: p.suffix == ".txt" or p.name == "metadata.csv")
+    for trans in (f for f in found if f.name.endswith(".trans.txt")):
         for line in trans.read_text(encoding="utf-8").splitlines():
             utt_id, _, text = line.strip().partition(" ")
             if utt_id:
                 texts[utt_id] = text.strip()
-    for table in files_under(root, lambda p: p.name in ("metadata.csv", "sentences.txt")):
+    for table in (f for f in found if f.name in ("metadata.csv", "sentences.txt")):
         with table.open(encoding="utf-8", newline="") as fh:
             for row in csv.reader(fh, delimiter="|", quoting=csv.QUOTE_NONE):
                 if len(row) >= 2 and row[0].strip():
                     texts[row[0].strip()] = (row[2] if len(row) >= 3 and row[2].strip() else row[1]).strip()
-    for txt in files_under(root, lambda p: p.suffix == ".txt"):
+    for txt in (f for f in found if f.suffix == ".txt"):
         if any(txt.with_suffix(suffix).is_file() for suffix in AUDIO_SUFFIXES):
             texts.setdefault(txt.stem, txt.read_text(encoding="utf-8").strip())
     return texts
