@@ -227,3 +227,177 @@ def test_the_board_keeps_the_totals_of_replicas_it_drops():
     assert len(boards) == 65 and boards["retired"][2].batches == 6 and boards["retired"][2].latencies == {}
     merged = merge_metrics(boards, now=boards["r69"][0])
     assert (merged.batches, merged.rows) == (70, 140)   # no counter goes down
+
+
+# -- the ingress's RemoteScheduler with fake Ray objects (no Ray instance) ------------------------------
+
+class FakeResponse:
+    """A DeploymentResponse: answers at once, or hangs until cancelled (then raises as Ray does)."""
+
+    def __init__(self, hang: bool) -> None:
+        import threading
+        self.hang, self.cancelled, self.waited = hang, threading.Event(), []
+
+    def result(self, *, timeout_s=None):
+        from concurrent.futures import CancelledError
+        self.waited.append(timeout_s)
+        if not self.hang:
+            return SimpleResult("answered")
+        if self.cancelled.wait(timeout_s):
+            raise CancelledError()
+        raise TimeoutError("not answered in time")
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class FakeHandle:
+    """A DeploymentHandle of DecoderReplica whose calls hang (or not): `handle.decode.remote(...)`."""
+
+    def __init__(self, hang: bool = True) -> None:
+        from types import SimpleNamespace
+        self.hang, self.responses = hang, []
+        self.decode = SimpleNamespace(remote=self._remote)
+
+    def _remote(self, *row):
+        self.responses.append(FakeResponse(self.hang))
+        return self.responses[-1]
+
+
+def remote_scheduler(handle=None, **kwargs):
+    from asr_app.decoding import DecodingOptions
+    from asr_app.serve.ray_engine import RemoteScheduler
+    return RemoteScheduler(handle or FakeHandle(), pair=None, default_options=DecodingOptions(), **kwargs)
+
+
+def wait_for(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.005)
+
+
+def test_health_and_metrics_read_the_board_at_most_once_per_interval(monkeypatch):
+    """/health and /metrics need no key: a client calling them in a loop costs one board read per second, and
+    a board that does not answer in time leaves the last figures served, with their age."""
+    from types import SimpleNamespace
+
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    now, reads, waits, answering = [100.0], [], [], [True]
+
+    def snapshot():
+        reads.append(now[0])
+        return {"r1": (time.time(), 1, SchedulerMetrics(queue_depth=len(reads), rows=10 * len(reads)))}
+
+    def get(value, timeout=None):
+        waits.append(timeout)
+        if not answering[0]:
+            raise GetTimeoutError("slow board")
+        return value
+
+    monkeypatch.setattr(ray, "get", get)
+    scheduler = remote_scheduler(board=SimpleNamespace(snapshot=SimpleNamespace(remote=snapshot)),
+                                 clock=lambda: now[0])
+    try:
+        assert scheduler.figures_age_s is None
+        assert {scheduler.metrics().rows for _ in range(50)} == {10} and reads == [100.0]
+        now[0] += 0.5
+        assert scheduler.metrics().queue_depth == 1 and reads == [100.0] and scheduler.figures_age_s == 0.5
+        now[0] += 0.5
+        assert scheduler.metrics().rows == 20 and reads == [100.0, 101.0]   # one read per interval
+        assert waits == [2.0, 2.0]   # never the old 10 s wait
+        answering[0] = False
+        now[0] += 3.0
+        for _ in range(20):
+            m = scheduler.metrics()
+        assert (m.rows, m.queue_depth) == (20, 2) and len(waits) == 3   # the last figures; one try per interval
+        assert scheduler.figures_age_s == 3.0
+        now[0] += 1.0
+        assert scheduler.metrics().rows == 20 and len(waits) == 4 and scheduler.figures_age_s == 4.0
+    finally:
+        scheduler.close()
+
+
+def test_a_row_a_replica_does_not_answer_in_time_is_cancelled_there_and_answered_busy():
+    from asr_app.scheduler import SchedulerBusy
+    from asr_app.serve.api import refusal_for
+
+    handle = FakeHandle(hang=True)
+    scheduler = remote_scheduler(handle, call_timeout_s=0.05)
+    try:
+        future = scheduler.submit(np.zeros(1600, np.float32), scheduler.default_options)
+        error = future.exception(timeout=5)
+        assert isinstance(error, SchedulerBusy) and "0.05 s" in str(error), error
+        assert refusal_for(error).status == 503   # the service's trouble, not a bad request
+        assert handle.responses[0].waited == [0.05] and handle.responses[0].cancelled.is_set()
+        assert len(handle.responses) == 1   # not sent again: a hung replica is not a lost one
+        wait_for(lambda: scheduler.metrics().queue_depth == 0)
+    finally:
+        scheduler.close()
+
+
+def test_a_request_past_its_timeout_cancels_its_rows_on_the_replica():
+    """The caller's timeout (ScheduledDecoder) cancels the row's call, not only the local future that a
+    running call no longer honours; the replica's task is then cancelled by Serve."""
+    handle = FakeHandle(hang=True)
+    scheduler = remote_scheduler(handle, call_timeout_s=60)
+    try:
+        with pytest.raises(TimeoutError, match="no decoder time within"):
+            scheduler.client(timeout_s=0.1).decode(np.zeros(1600, np.float32))
+        assert len(handle.responses) == 1 and handle.responses[0].cancelled.is_set()
+        wait_for(lambda: scheduler.metrics().queue_depth == 0 and not scheduler._flights)
+
+        answered = FakeHandle(hang=False)
+        scheduler.handle = answered
+        future = scheduler.submit(np.zeros(1600, np.float32), scheduler.default_options)
+        assert future.result(5).text == "answered"
+        assert scheduler.cancel(future) is False and not answered.responses[0].cancelled.is_set()
+    finally:
+        scheduler.close()
+
+
+def test_a_row_cancelled_before_its_call_is_never_sent():
+    from concurrent.futures import CancelledError
+
+    from asr_app.serve.ray_engine import _Flight
+
+    handle = FakeHandle()
+    scheduler = remote_scheduler(handle)
+    try:
+        with pytest.raises(CancelledError):
+            scheduler._send(_Flight(cancelled=True), np.zeros(1600, np.float32))
+        assert handle.responses == []
+    finally:
+        scheduler.close()
+
+
+def test_a_cancelled_call_drops_its_row_from_the_replicas_queue():
+    from concurrent.futures import Future
+
+    from asr_app.serve.ray_engine import DecoderReplica
+
+    class Scheduler:
+        def __init__(self) -> None:
+            self.future, self.cancelled = Future(), []
+
+        def submit(self, *row, priority, session):
+            return self.future
+
+        def cancel(self, future):
+            self.cancelled.append(future)
+            return True
+
+    replica = DecoderReplica.__new__(DecoderReplica)
+    replica.scheduler = Scheduler()
+
+    async def cancel_it() -> None:
+        task = asyncio.create_task(replica.decode(np.zeros(1600, np.float32), None, None, None, 0, "s"))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_it())
+    assert replica.scheduler.cancelled == [replica.scheduler.future]

@@ -79,8 +79,12 @@ def build_app(engine: UiEngine, access: AccessSettings = AccessSettings(), mount
     @app.get("/health")
     def health() -> dict:
         m = engine.scheduler.metrics()
-        return {"status": "ok", "model": model_id(engine), "queue_depth": m.queue_depth,
-                "live_sessions": len(engine.sessions), "max_sessions": engine.limits.max_sessions}
+        answer = {"status": "ok", "model": model_id(engine), "queue_depth": m.queue_depth,
+                  "live_sessions": len(engine.sessions), "max_sessions": engine.limits.max_sessions}
+        if hasattr(engine.scheduler, "figures_age_s"):   # --engine ray: the replicas' figures are this old
+            age = engine.scheduler.figures_age_s
+            answer["figures_age_s"] = None if age is None else round(age, 1)
+        return answer
 
     @app.get("/metrics")
     def metrics(request: Request) -> Response:

@@ -26,6 +26,9 @@ class SchedulerCollector:
         m = self.engine.scheduler.metrics()
         yield GaugeMetricFamily("asr_queue_depth", "Decode requests waiting for the decoder", m.queue_depth)
         yield GaugeMetricFamily("asr_live_sessions", "Live sessions open now", len(self.engine.sessions))
+        age = getattr(self.engine.scheduler, "figures_age_s", None)   # --engine ray: fetched from the replicas
+        if age is not None:
+            yield GaugeMetricFamily("asr_figures_age_seconds", "Age of the decoder replicas' figures", age)
         yield CounterMetricFamily("asr_batches", "Batches decoded", m.batches)
         yield CounterMetricFamily("asr_rows", "Rows (requests) decoded", m.rows)
         yield CounterMetricFamily("asr_failed_rows", "Rows whose decode failed", m.failed)

@@ -14,7 +14,12 @@ Two deployments:
   row, so the stream goes on as if nothing happened; nothing was committed from the lost answer.
 
 Replicas publish their scheduler's figures to a `MetricsBoard` actor every second; `/metrics` and
-`/health` read the sum over replicas.
+`/health` read the sum over replicas, fetched at most once a second (they need no key: a client hammering
+them costs no Ray round trip per call).
+
+A row not answered within `call_timeout_s` (a replica that hangs yet passes its health checks) is cancelled
+on its replica and answered as busy; a row whose caller gave up (a request past its timeout) is cancelled
+on its replica too, so it stops taking decoder time there.
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import dataclasses
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +49,9 @@ APP_NAME = "asr"
 BOARD_NAME = "asr-serve-metrics"
 PUBLISH_EVERY_S = 1.0
 FRESH_S = 5.0          # a replica silent for longer is gone: its queue no longer counts (its totals do)
+BOARD_FRESH_S = 1.0    # the ingress reuses the board's figures this long (replicas publish once a second)
+BOARD_WAIT_S = 2.0     # a board slower than this is not waited for: the last figures are served, with their age
+CALL_TIMEOUT_S = 300.0  # a row unanswered this long is its replica's failure (the ingress passes its request timeout)
 
 
 def ray_serve_problem() -> str | None:
@@ -156,7 +165,13 @@ class DecoderReplica:
     async def decode(self, clip: np.ndarray, options: DecodingOptions, prompt: Any, hint: Sequence[int] | None,
                      priority: int, session: str) -> DecodingResult:
         future = self.scheduler.submit(clip, options, prompt, hint, priority=priority, session=session)
-        return await asyncio.wrap_future(future)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            # The ingress cancelled the call (its caller gave up, or the row timed out): Serve cancels this
+            # task, and the row leaves the queue so it takes no batch slot (a batch already running finishes).
+            self.scheduler.cancel(future)
+            raise
 
     def metrics(self) -> SchedulerMetrics:
         return self.scheduler.metrics()
@@ -190,6 +205,14 @@ def _replica_name() -> str:
 # -- the ingress's side ----------------------------------------------------------------------------
 
 @dataclass
+class _Flight:
+    """One row's call to the decoder deployment: the response to cancel when its caller gives up."""
+
+    response: Any = None
+    cancelled: bool = False
+
+
+@dataclass
 class RemoteScheduler:
     """What the front ends need of a `Scheduler` (`submit`, `cancel`, `client`, `metrics`, `close`, `pair`),
     with the decoding done by the decoder deployment. Each row is one call; a call whose replica died is
@@ -202,11 +225,20 @@ class RemoteScheduler:
     retries: int = 5
     max_queue: int = 512
     retry_wait_s: float = 0.5
+    call_timeout_s: float = CALL_TIMEOUT_S
+    board_fresh_s: float = BOARD_FRESH_S
+    board_wait_s: float = BOARD_WAIT_S
+    clock: Callable[[], float] = time.monotonic
     resent: int = 0                 # rows sent again after their replica died
     _pool: ThreadPoolExecutor = field(init=False, repr=False)
     _waiting: int = field(default=0, init=False, repr=False)
+    _flights: dict[Future, _Flight] = field(default_factory=dict, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _closed: bool = field(default=False, init=False, repr=False)
+    _figures: SchedulerMetrics | None = field(default=None, init=False, repr=False)   # the board's, merged
+    _figures_at: float | None = field(default=None, init=False, repr=False)           # when they were fetched
+    _board_tried_at: float | None = field(default=None, init=False, repr=False)
+    _board_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # One waiting thread per row in flight, up to the queue bound: a row never waits here behind
@@ -215,25 +247,29 @@ class RemoteScheduler:
 
     def submit(self, clip: np.ndarray, options: DecodingOptions, prompt: Any = None,
                hint: Sequence[int] | None = None, *, priority: int = FILE, session: str = "") -> Future:
+        flight = _Flight()
         with self._lock:
             if self._closed:
                 raise SchedulerClosed("the decoder is shutting down")
             if self._waiting >= self.max_queue:
                 raise SchedulerBusy(f"the decoders have {self._waiting} requests waiting; try again shortly")
             self._waiting += 1
-            future = self._pool.submit(self._call, clip, options, prompt, hint, priority, session)
+            future = self._pool.submit(self._call, flight, clip, options, prompt, hint, priority, session)
+            self._flights[future] = flight
         future.add_done_callback(self._done)
         return future
 
-    def _done(self, _future: Future) -> None:
+    def _done(self, future: Future) -> None:
         with self._lock:
             self._waiting -= 1
+            self._flights.pop(future, None)
 
-    def _call(self, clip, options, prompt, hint, priority, session) -> DecodingResult:
+    def _call(self, flight: _Flight, clip, options, prompt, hint, priority, session) -> DecodingResult:
         lost, attempt = _replica_loss_errors(), 1
         while True:
+            response = self._send(flight, clip, options, prompt, hint, priority, session)
             try:
-                return self.handle.decode.remote(clip, options, prompt, hint, priority, session).result()
+                return response.result(timeout_s=self.call_timeout_s)
             except lost as exc:
                 if attempt == self.retries:   # the service's outage, answered as busy (503), not a bad request
                     raise SchedulerBusy(f"a decoder replica was lost {attempt} times in a row") from exc
@@ -242,27 +278,100 @@ class RemoteScheduler:
                 log.warning("a decoder replica was lost (%s); sending the row again", type(exc).__name__)
                 time.sleep(self.retry_wait_s * attempt)
                 attempt += 1
+            except TimeoutError as exc:
+                if _raised_by_replica(exc):   # the decode's own error, passed on as it is
+                    raise
+                # A replica that hangs yet passes its health checks: stop the row there, and answer busy
+                # (503) rather than hold this thread (and the caller) for ever.
+                response.cancel()
+                raise SchedulerBusy(f"a decoder replica did not answer within {self.call_timeout_s:g} s") from exc
+
+    def _send(self, flight: _Flight, *row) -> Any:
+        """One call for the row, recorded in its flight so `cancel` can reach it; none once it was cancelled."""
+        if flight.cancelled:
+            raise CancelledError("the caller gave up on this row")
+        response = self.handle.decode.remote(*row)
+        with self._lock:
+            flight.response, cancelled = response, flight.cancelled
+        if cancelled:   # cancelled while the call was being made: `cancel` did not see this response
+            response.cancel()
+        return response
 
     def cancel(self, future: Future) -> bool:
-        return future.cancel()
+        """Drop a row whose caller gave up: before its call, the call is never made; during it, the call is
+        cancelled on its replica (best effort: a batch already decoding there finishes). False once done."""
+        if future.cancel():
+            return True
+        with self._lock:
+            flight = self._flights.get(future)
+            if flight is None:
+                return False
+            flight.cancelled = True
+            response = flight.response
+        if response is not None:
+            response.cancel()
+        return True
 
     def client(self, options: DecodingOptions | None = None, *, priority: int = FILE, session: str = "",
                timeout_s: float | None = None) -> ScheduledDecoder:
         return ScheduledDecoder(self, options or self.default_options, priority, session, timeout_s)
 
     def metrics(self) -> SchedulerMetrics:
-        if self.board is None:
-            return SchedulerMetrics(queue_depth=self._waiting, resent=self.resent)
-        import ray
-        merged = merge_metrics(ray.get(self.board.snapshot.remote(), timeout=10), time.time())
+        figures = self._board_figures()
+        merged = SchedulerMetrics() if figures is None else dataclasses.replace(figures)
         merged.queue_depth = max(merged.queue_depth, self._waiting)   # rows on their way count as queued
         merged.resent = self.resent
         return merged
+
+    @property
+    def figures_age_s(self) -> float | None:
+        """Seconds since the replicas' figures were fetched from the board (None: it has not answered yet)."""
+        return None if self._figures_at is None else self.clock() - self._figures_at
+
+    def _board_figures(self) -> SchedulerMetrics | None:
+        """The replicas' figures summed, fetched from the board at most once per `board_fresh_s`: /health
+        and /metrics need no key, so a client calling them in a loop must not cost a Ray round trip each."""
+        if self.board is None or self._tried_recently():
+            return self._figures
+        # One caller fetches; the others serve the figures there are meanwhile (none yet: they wait for it).
+        if not self._board_lock.acquire(blocking=self._figures is None):
+            return self._figures
+        try:
+            if not self._tried_recently():
+                self._fetch_board()
+            return self._figures
+        finally:
+            self._board_lock.release()
+
+    def _tried_recently(self) -> bool:
+        return self._board_tried_at is not None and self.clock() - self._board_tried_at < self.board_fresh_s
+
+    def _fetch_board(self) -> None:
+        import ray
+
+        failing = self._board_tried_at is not None and self._board_tried_at != self._figures_at
+        self._board_tried_at = self.clock()
+        try:
+            boards = ray.get(self.board.snapshot.remote(), timeout=self.board_wait_s)
+        except Exception as exc:  # noqa: BLE001 - slow or gone: the figures are served as they were
+            if not failing:   # said once per spell, not on every call
+                age = "none yet" if self.figures_age_s is None else f"{self.figures_age_s:.1f} s old"
+                log.warning("the metrics board did not answer within %g s (%s); serving the last figures (%s)",
+                            self.board_wait_s, type(exc).__name__, age)
+            return
+        self._figures = merge_metrics(boards, time.time())
+        self._figures_at = self._board_tried_at
 
     def close(self, timeout: float | None = 10.0) -> None:
         with self._lock:
             self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _raised_by_replica(exc: BaseException) -> bool:
+    """Whether an error came from the decode on the replica (Ray wraps those), not from waiting for it."""
+    from ray import exceptions as rx
+    return isinstance(exc, rx.RayTaskError)
 
 
 def _replica_loss_errors() -> tuple[type[BaseException], ...]:
@@ -282,8 +391,10 @@ class Ingress:
         local_args = copy.copy(model_args)
         local_args.device, local_args.dtype = "cpu", "auto"   # tokenizer and configs only: never on a GPU
         decoder = decoder_from_args(local_args)
+        # A row's call may take as long as a request may wait (live rows have no bound of their own).
         remote = RemoteScheduler(decoder_handle, decoder.pair, decoder.options, board,
-                                 retries=settings.get("retries", 5))
+                                 retries=settings.get("retries", 5),
+                                 call_timeout_s=getattr(settings["limits"], "request_timeout_s", CALL_TIMEOUT_S))
         self.engine = UiEngine(pair=decoder.pair, base_options=decoder.options, decoder=decoder, scheduler=remote,
                                limits=settings["limits"], schedule=settings.get("schedule", ()),
                                live_encoder_context_s=settings.get("live_encoder_context_s"))
