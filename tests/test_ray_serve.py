@@ -401,3 +401,51 @@ def test_a_cancelled_call_drops_its_row_from_the_replicas_queue():
 
     asyncio.run(cancel_it())
     assert replica.scheduler.cancelled == [replica.scheduler.future]
+
+
+def test_a_shared_clusters_serve_elsewhere_or_running_our_application_is_refused_with_one_line():
+    """--address: Ray ignores our --host/--port when Serve already runs there, and a second deployment named
+    "asr" would replace the first; both are refused before anything is deployed."""
+    from asr_app.serve.ray_launch import app_conflict, http_conflict
+
+    assert http_conflict("127.0.0.1", 8000, ("127.0.0.1", 8000)) is None
+    assert http_conflict("127.0.0.1", 8000, None) is None   # unreadable (Ray's private API moved): no refusal
+    for running in (("0.0.0.0", 8000), ("127.0.0.1", 8123)):
+        line = http_conflict("127.0.0.1", 8000, running)
+        assert f"http://{running[0]}:{running[1]}" in line and "\n" not in line, line
+        assert f"--host {running[0]} --port {running[1]}" in line
+    assert app_conflict({}) is None and app_conflict({"other": object()}) is None
+    line = app_conflict({"asr": object(), "other": object()})
+    assert "'asr'" in line and "replace" in line and "\n" not in line, line
+
+
+def test_a_serve_conflict_leaves_the_cluster_as_it_was(monkeypatch, capsys):
+    """asr-serve refusing a shared cluster disconnects without `serve.delete` (the "asr" there is not ours)."""
+    from asr_app.serve import cli, ray_launch
+
+    calls = []
+
+    def start(*_args):
+        raise ray_launch.ServeConflict("Ray Serve on this cluster already runs an application named 'asr'")
+
+    monkeypatch.setattr(ray_launch, "start", start)
+    monkeypatch.setattr(ray_launch, "disconnect", lambda: calls.append("disconnect"))
+    monkeypatch.setattr(ray_launch, "stop_service", lambda *_: calls.append("stop_service"))
+    assert cli.serve_on_ray(None, RayServeOptions(address="auto"), {}) == 2
+    assert calls == ["disconnect"]
+    assert capsys.readouterr().err.strip() == ("asr-serve: error: Ray Serve on this cluster already runs an "
+                                               "application named 'asr'")
+
+
+def test_the_running_serve_address_is_read_defensively(monkeypatch):
+    from types import SimpleNamespace
+
+    from ray.serve import context
+
+    from asr_app.serve.ray_launch import running_http_address
+
+    config = SimpleNamespace(host="0.0.0.0", port=8123)
+    monkeypatch.setattr(context, "_get_global_client", lambda: SimpleNamespace(http_config=config))
+    assert running_http_address() == ("0.0.0.0", 8123)
+    monkeypatch.setattr(context, "_get_global_client", lambda: SimpleNamespace())   # another Ray's shape
+    assert running_http_address() is None

@@ -159,6 +159,10 @@ def serve_on_ray(args: argparse.Namespace, options, settings: dict) -> int:
 
     try:
         ray_launch.start(args, settings, options)
+    except ray_launch.ServeConflict as exc:   # nothing deployed: the cluster's applications stay as they are
+        print(f"asr-serve: error: {exc}", file=sys.stderr)
+        ray_launch.disconnect()
+        return 2
     except Exception as exc:  # noqa: BLE001 - a replica that cannot load its models, a cluster out of reach
         print(f"asr-serve: error: the service did not start on Ray Serve: {type(exc).__name__}: {exc}",
               file=sys.stderr)

@@ -8,6 +8,7 @@ import math
 import os
 import signal
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from asr_app.serve.ray_engine import (
@@ -22,6 +23,11 @@ from asr_app.serve.ray_engine import (
 QUIET = {"log_level": "WARNING", "enable_access_log": False}   # Serve logs every request at INFO otherwise
 
 
+class ServeConflict(RuntimeError):
+    """The cluster's Serve cannot take this service as asked; nothing was deployed (and nothing of the
+    cluster's may be removed on the way out)."""
+
+
 def start(args: argparse.Namespace, settings: dict[str, Any], options: RayServeOptions) -> Any:
     """Start (or join) Ray, deploy the service, wait until every replica has loaded; the ingress's handle."""
     import ray
@@ -34,6 +40,12 @@ def start(args: argparse.Namespace, settings: dict[str, Any], options: RayServeO
              namespace="asr-serve", ignore_reinit_error=True, **slots)
     serve.start(http_options={"host": args.host, "port": args.port},
                 logging_config=QUIET)
+    # Serve already running on a shared cluster keeps its own proxy address (Ray only logs that ours is
+    # ignored), and a second deployment named APP_NAME would silently replace the one running there.
+    problem = (http_conflict(args.host, args.port, running_http_address())
+               or app_conflict(serve.status().applications))
+    if problem:
+        raise ServeConflict(problem)
     board = ray.remote(MetricsBoard).options(name=BOARD_NAME, num_cpus=0, get_if_exists=True).remote()
     if options.batching == "serve":
         from asr_app.serve.ray_batching import ServeBatchedReplica as replica_class
@@ -49,6 +61,43 @@ def start(args: argparse.Namespace, settings: dict[str, Any], options: RayServeO
         ray_actor_options={"num_cpus": 0})
     app = ingress.bind(decoder.bind(args, board), board, args, settings)
     return serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config=QUIET)
+
+
+def running_http_address() -> tuple[str, int] | None:
+    """Where the cluster's Serve proxy really listens, or None when that cannot be read (a private API of
+    Ray's: its absence in another version must not stop the service)."""
+    try:
+        from ray.serve.context import _get_global_client
+
+        config = _get_global_client().http_config
+        return str(config.host), int(config.port)
+    except Exception:  # noqa: BLE001 - unknown: nothing to compare
+        return None
+
+
+def http_conflict(host: str, port: int, running: tuple[str, int] | None) -> str | None:
+    """One line when Serve listens elsewhere than --host/--port asked, or None."""
+    if running is None or running == (host, port):
+        return None
+    where = f"http://{running[0]}:{running[1]}"
+    return (f"Ray Serve already runs on this cluster and listens on {where}, not on http://{host}:{port}; "
+            f"give --host {running[0]} --port {running[1]}, or use another cluster")
+
+
+def app_conflict(applications: Iterable[str]) -> str | None:
+    """One line when an application named APP_NAME already runs on the cluster's Serve, or None."""
+    if APP_NAME not in applications:
+        return None
+    return (f"Ray Serve on this cluster already runs an application named {APP_NAME!r} (another asr-serve?), "
+            f"which deploying would replace; stop it (its asr-serve, or `serve delete {APP_NAME}`) or use "
+            "another cluster")
+
+
+def disconnect() -> None:
+    """Leave the cluster without removing anything of it (after a ServeConflict)."""
+    import ray
+
+    ray.shutdown()
 
 
 def serve_until_stopped(options: RayServeOptions) -> None:
