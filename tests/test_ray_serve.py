@@ -179,8 +179,6 @@ def test_metrics_of_replicas_add_up_and_a_silent_replica_leaves_the_queue():
 def test_serve_batching_groups_rows_that_can_share_a_batch_and_fails_only_their_group():
     """--replica-batching serve: the rows @serve.batch hands over are decoded in groups of equal options,
     prompt length and hint-or-none (a lock-step batch needs them equal), each row getting its own result."""
-    import threading
-
     from asr_app.decoding import DecodingOptions
     from asr_app.serve.ray_batching import ServeBatchedReplica
 
@@ -198,7 +196,8 @@ def test_serve_batching_groups_rows_that_can_share_a_batch_and_fails_only_their_
             return [SimpleResult(f"{p}:{len(c)}") for c, p in zip(clips, prompts)]
 
     replica = ServeBatchedReplica.__new__(ServeBatchedReplica)
-    replica.decoder, replica.figures, replica._lock = Decoder(), SchedulerMetrics(), threading.Lock()
+    replica.decoder = Decoder()
+    replica._start_figures()
     greedy, warm = DecodingOptions(mode="exact"), DecodingOptions(mode="exact", temperature=0.5)
     clip = np.zeros(1600, np.float32)
     rows = [(clip, greedy, "ab", None), (clip, greedy, "cd", None), (clip, greedy, "abc", None),
@@ -209,6 +208,41 @@ def test_serve_batching_groups_rows_that_can_share_a_batch_and_fails_only_their_
     assert isinstance(outcomes[3], ValueError)
     assert (replica.figures.batches, replica.figures.rows, replica.figures.failed) == (4, 5, 1)
     assert replica.figures.rows_per_batch == {2: 1, 1: 3}
+
+
+def test_serve_batching_reports_its_queue_and_latencies_as_the_scheduler_does():
+    """--replica-batching serve fills the figures /metrics reads: rows waiting or decoding as the queue
+    depth, and each row's latency under its priority's name (failed rows too), as the Scheduler keeps them."""
+    from asr_app.scheduler import FILE, LIVE
+    from asr_app.serve.ray_batching import ServeBatchedReplica
+
+    replica = ServeBatchedReplica.__new__(ServeBatchedReplica)
+    replica._start_figures()
+    assert replica.snapshot().latencies == {"live": [], "file": []}
+
+    async def run() -> None:
+        release = asyncio.Event()
+
+        async def batched(row):   # @serve.batch's call, held until released
+            await release.wait()
+            return ValueError("bad row") if row[2] == "bad" else SimpleResult("ok")
+
+        replica._batched = batched
+        calls = [asyncio.create_task(replica.decode(None, None, prompt, None, priority, "s"))
+                 for prompt, priority in (("a", LIVE), ("b", FILE), ("bad", FILE))]
+        await asyncio.sleep(0.05)
+        assert replica.snapshot().queue_depth == 3 and replica.snapshot().latencies == {"live": [], "file": []}
+        release.set()
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        assert [o.text for o in outcomes[:2]] == ["ok", "ok"] and isinstance(outcomes[2], ValueError)
+
+    asyncio.run(run())
+    figures = replica.snapshot()
+    assert figures.queue_depth == 0
+    assert len(figures.latencies["live"]) == 1 and len(figures.latencies["file"]) == 2
+    assert all(0.04 <= s < 5 for values in figures.latencies.values() for s in values), figures.latencies
+    merged = merge_metrics({"r": (time.time(), 1, figures)}, time.time())
+    assert len(merged.latencies["file"]) == 2   # what /metrics reads through the board
 
 
 class SimpleResult:

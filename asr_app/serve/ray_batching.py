@@ -14,11 +14,12 @@ import asyncio
 import dataclasses
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from ray import serve
 
-from asr_app.scheduler import SchedulerMetrics
+from asr_app.scheduler import PRIORITY_NAMES, SchedulerMetrics, SchedulerOptions
 from asr_app.serve.ray_engine import publish_metrics
 
 MAX_BATCH = 8
@@ -30,13 +31,29 @@ class ServeBatchedReplica:
         from asr_app.arguments import decoder_from_args
 
         self.decoder = decoder_from_args(model_args)
-        self.figures = SchedulerMetrics()
-        self._lock = threading.Lock()
+        self._start_figures()
         if board is not None:
             publish_metrics(board, self.snapshot)
 
+    def _start_figures(self) -> None:
+        """The figures the serving scheduler keeps, kept here too, so /metrics reads the same either way."""
+        self.figures = SchedulerMetrics()
+        self._lock = threading.Lock()
+        self._in_flight = 0   # rows waiting for or in a batch: this replica's queue depth (autoscaling's too)
+        window = SchedulerOptions().latency_window
+        self._latencies = {name: deque(maxlen=window) for name in PRIORITY_NAMES.values()}
+
     async def decode(self, clip, options, prompt, hint, priority: int, session: str):
-        outcome = await self._batched((clip, options, prompt, hint))
+        started = time.monotonic()
+        with self._lock:
+            self._in_flight += 1
+        try:
+            outcome = await self._batched((clip, options, prompt, hint))
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+        with self._lock:   # waiting plus decoding, failed rows too, as the scheduler counts a row's latency
+            self._latencies[PRIORITY_NAMES[priority]].append(time.monotonic() - started)
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
@@ -66,4 +83,5 @@ class ServeBatchedReplica:
     def snapshot(self) -> SchedulerMetrics:
         with self._lock:
             return dataclasses.replace(self.figures, rows_per_batch=dict(self.figures.rows_per_batch),
-                                       latencies={}, sizer={})
+                                       queue_depth=self._in_flight,
+                                       latencies={k: list(v) for k, v in self._latencies.items()}, sizer={})
