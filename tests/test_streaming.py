@@ -18,6 +18,7 @@ from asr_app.streaming import (
     StreamingOptions,
     StreamingProcessor,
     Word,
+    join_words,
     latency_report,
     words_from_segments,
 )
@@ -397,14 +398,23 @@ def test_prompt_tokens_gives_every_long_enough_prompt_one_length(decoder):
     speech = load_audio(JFK_FLAC)
     offline = decoder.decode([speech])[0].text
     recorder = PromptRecorder(decoder)
-    processor, _ = run_stream(recorder, speech, StreamingOptions(step_s=2.0, trim_s=4.0, prompt_tokens=8))
+    options = StreamingOptions(step_s=2.0, trim_s=4.0, prompt_tokens=8)
+    processor, _ = run_stream(recorder, speech, options)
     given = [p for p in recorder.prompts if p is not None]
     assert given and all(isinstance(p, list) and 1 <= len(p) <= 8 for p in given), given
     assert any(len(p) == 8 for p in given), given
+    # A prompt is made from the committed words before the buffer (a prefix of the final ones): it must be
+    # exactly the last 8 tokens of one such prefix's text, encoded as the decoder encodes a text prompt.
     tokenizer = decoder.pair.processor.tokenizer
-    committed = normalise(processor.committed_text)
+    texts = [join_words(processor.committed[:k])[-options.prompt_chars:].strip()
+             for k in range(1, len(processor.committed) + 1)]
+    encoded = [tokenizer(" " + text, add_special_tokens=False)["input_ids"] for text in texts]
     for prompt in given:
-        assert normalise(tokenizer.decode(prompt)).split()[-1] in committed.split(), tokenizer.decode(prompt)
+        assert any(prompt == ids[-8:] for ids in encoded), tokenizer.decode(prompt)
+    # ... and some prompt was cut from a longer text whose first 8 tokens differ from its last 8, so keeping
+    # the first tokens instead of the last cannot pass.
+    assert any(prompt == ids[-8:] != ids[:8] for prompt in given for ids in encoded), given
+    committed = normalise(processor.committed_text)
     assert jiwer.wer(normalise(offline), committed) <= 0.15, processor.committed_text
     with pytest.raises(ValueError, match="prompt_tokens"):
         StreamingOptions(prompt_tokens=0)
