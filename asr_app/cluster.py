@@ -21,6 +21,7 @@ Inputs are paths every node can read (a shared filesystem): docs/scale.md.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -59,6 +60,21 @@ class ClusterOptions:
             raise ValueError("--gpus-per-worker must be >= 0 and CPUs per worker > 0")
         if not self.file_timeout_s > 0 or self.timeout_per_audio_s < 0 or self.max_attempts < 1:
             raise ValueError("--file-timeout must be > 0 (and the per-audio-second bound and attempts positive)")
+
+
+def ray_device_problem(device: str, gpus: float, flag: str, holder: str) -> str | None:
+    """Why `--device` cannot work in a Ray actor reserving `gpus` GPUs (given by `flag`), or None. An actor
+    sees only the GPUs it reserved, as cuda:0 onwards: a CUDA device needs a reservation and a reservation
+    needs a device that uses it. Both front ends on Ray say it before anything loads, not inside an actor."""
+    kind, _, index = device.partition(":")
+    if kind == "cuda" and gpus <= 0:
+        return f"--device {device} with --engine ray needs {flag} > 0: a {holder} sees only the GPUs it reserves"
+    if kind == "cuda" and index.isdigit() and int(index) >= math.ceil(gpus):
+        return (f"--device {device}: a {holder} reserving {gpus:g} GPU(s) sees them as cuda:0 to "
+                f"cuda:{math.ceil(gpus) - 1}; give --device cuda")
+    if device == "cpu" and gpus > 0:
+        return f"{flag} reserves GPUs that --device cpu {holder}s would never use"
+    return None
 
 
 @dataclass

@@ -483,3 +483,29 @@ def test_the_running_serve_address_is_read_defensively(monkeypatch):
     assert running_http_address() == ("0.0.0.0", 8123)
     monkeypatch.setattr(context, "_get_global_client", lambda: SimpleNamespace())   # another Ray's shape
     assert running_http_address() is None
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--device", "cuda"], "needs --gpus-per-worker > 0"),
+    (["--device", "cuda:1", "--gpus-per-worker", "1"], "sees them as cuda:0 to cuda:0"),
+    (["--device", "cpu", "--gpus-per-worker", "0.5"], "--device cpu workers would never use"),
+])
+def test_asr_transcribe_on_ray_checks_the_device_against_the_gpus_per_worker(tmp_path, capsys, argv, said):
+    """The check asr-serve makes of --gpus-per-replica (one check, asr_app/cluster.py): refused before any file
+    is read or model loaded (neither exists here, so either would fail with another message)."""
+    from asr_app.cli.transcribe import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([str(tmp_path / "in.flac"), "--engine", "ray", "--target", str(tmp_path / "nowhere"), *argv])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and said in err and "nowhere" not in err and "in.flac" not in err, err
+
+
+def test_the_ray_device_check_lets_a_device_that_uses_its_reservation_through():
+    from asr_app.cluster import ray_device_problem
+
+    for device, gpus in (("auto", 0), ("auto", 0.5), ("cpu", 0), ("cuda", 1), ("cuda:0", 0.5), ("cuda:1", 2)):
+        assert ray_device_problem(device, gpus, "--gpus-per-worker", "worker") is None, (device, gpus)
+    from asr_app.serve.cli import _check_replica_device
+    with pytest.raises(ValueError, match="needs --gpus-per-replica > 0: a replica"):
+        _check_replica_device("cuda", 0)

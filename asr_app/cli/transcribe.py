@@ -322,6 +322,11 @@ def _check_cli_options(parser: argparse.ArgumentParser, args) -> None:
         args.num_workers = 2
     if args.num_workers < 1 or args.gpus_per_worker < 0:
         parser.error("--num-workers must be >= 1 and --gpus-per-worker >= 0")
+    if args.engine == "ray":   # a worker sees only the GPUs it reserves: said here, not inside a worker
+        from asr_app.cluster import ray_device_problem
+
+        if (problem := ray_device_problem(args.device, args.gpus_per_worker, "--gpus-per-worker", "worker")):
+            parser.error(problem)
 
 
 def _missing_extra(args) -> str | None:

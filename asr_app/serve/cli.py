@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -82,17 +81,12 @@ def ray_options_from_args(args: argparse.Namespace):
 
 
 def _check_replica_device(device: str, gpus_per_replica: float) -> None:
-    """A Ray replica sees only the GPUs it reserved, as cuda:0 onwards: a CUDA device needs a reservation and
-    a reservation needs a device that uses it; refused here, not found out inside a replica."""
-    kind, _, index = device.partition(":")
-    if kind == "cuda" and gpus_per_replica <= 0:
-        raise ValueError(f"--device {device} with --engine ray needs --gpus-per-replica > 0: a replica sees "
-                         "only the GPUs it reserves")
-    if kind == "cuda" and index.isdigit() and int(index) >= math.ceil(gpus_per_replica):
-        raise ValueError(f"--device {device}: a replica reserving {gpus_per_replica:g} GPU(s) sees them as "
-                         f"cuda:0 to cuda:{math.ceil(gpus_per_replica) - 1}; give --device cuda")
-    if device == "cpu" and gpus_per_replica > 0:
-        raise ValueError("--gpus-per-replica reserves GPUs that --device cpu replicas would never use")
+    """Refused here, not found out inside a replica (asr_app/cluster.py says why; asr-transcribe's Ray
+    workers are checked the same way)."""
+    from asr_app.cluster import ray_device_problem
+
+    if (problem := ray_device_problem(device, gpus_per_replica, "--gpus-per-replica", "replica")) is not None:
+        raise ValueError(problem)
 
 
 def limits_from_args(args: argparse.Namespace) -> ServiceLimits:
