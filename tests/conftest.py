@@ -26,6 +26,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The path users get (measured costs, acceptance learned across decodes) runs where it matters, with the
 # `learned_costs` fixture below: greedy identity at batch 1 and 3, timestamps, hints (test_learned_costs.py).
 os.environ.setdefault("ASR_APP_STEP_COSTS", "0.0019,0.0067,0.00105")
+# Two xdist workers on two cores: one torch thread each, or four threads would take turns on two cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO_ROOT / "tests" / "data"
@@ -145,6 +148,31 @@ def export_test_models() -> None:
     (staging / stamp.name).write_text(_sources_stamp())
     shutil.rmtree(MODELS_DIR, ignore_errors=True)
     staging.rename(MODELS_DIR)
+
+
+# Under pytest-xdist (the README's test command runs `-n 2 --dist loadgroup`) each module is one unit of work
+# on one worker, so a module's fixtures (a server, a Ray Serve, the transformers reference) are built once.
+# The Ray modules are one unit: each starts a local Ray instance sized to the whole machine, so two at once
+# would fight for its cores and its memory monitor would see the other's memory.
+RAY_MODULES = frozenset({"test_cluster", "test_cluster_failures", "test_cluster_oom", "test_ray_serve"})
+# Units start in this order (the longest first, measured with --durations), then the rest in file order:
+# the last unit to start bounds how long one worker waits for the other at the end.
+LONGEST_FIRST = ("ray", "test_streaming", "test_fused_layers", "test_runtime", "test_decoding_greedy",
+                 "test_transcribe", "test_benches", "test_ui_server", "test_decoding_hints", "test_serve",
+                 "test_word_timestamps")
+
+
+def _work_unit(item: pytest.Item) -> str:
+    module = item.module.__name__.rsplit(".", 1)[-1] if item.module else item.nodeid.split("::")[0]
+    return "ray" if module in RAY_MODULES else module
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_work_unit(item), len(rank)))   # stable: file order otherwise
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
 
 
 def pytest_configure(config: pytest.Config) -> None:
