@@ -29,6 +29,7 @@ os.environ.setdefault("ASR_APP_STEP_COSTS", "0.0019,0.0067,0.00105")
 # Two xdist workers on two cores: one torch thread each, or four threads would take turns on two cores.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")   # and the CLIs and servers the tests start as processes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO_ROOT / "tests" / "data"
