@@ -19,20 +19,43 @@ from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, LIBRISPEECH_DIR, LJSPEECH_DIR, 
 
 from asr_app.audio import SAMPLE_RATE, load_audio
 
-pytest.importorskip("ray", reason="the cluster extra (Ray) is part of the dev extra")
+ray = pytest.importorskip("ray", reason="the cluster extra (Ray) is part of the dev extra")
+
+# A busy CI machine (two pytest-xdist workers on two cores) can keep the raylet from answering the GCS's health
+# checks for a while; with Ray's defaults (a check every 3 s, 10 s to answer, 5 misses) the GCS then marks the
+# local node dead and terminates its raylet mid-test. Ray reads these overrides of its system config from the
+# environment: the GCS, raylets and workers started here (in-process or by a subprocess) inherit them.
+for _name, _value in (("health_check_period_ms", "3000"), ("health_check_timeout_ms", "30000"),
+                      ("health_check_failure_threshold", "20")):
+    os.environ.setdefault(f"RAY_{_name}", _value)
 
 MODEL_ARGS = ["--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR), "--device", "cpu", "--threads", "1"]
 TIMED_STATS = {"encoder_s", "draft_s", "target_s", "verify_s", "verify_cpu_s", "total_s", "decode_s", "load_s"}
 
 
-def clip_folder(root: Path, count: int = 10) -> Path:
-    """`count` real clips (LibriSpeech, LJSpeech, JFK) copied into one folder."""
+# Six short real clips of the three sources (25 s of speech in all; sorted by name, the last two are the
+# longest): enough for two workers to share and for a killed driver to leave some undone.
+CLIPS = ["1089-134686-0001", "1089-134691-0000", "LJ001-0002", "LJ001-0008", "LJ001-0004", "jfk"]
+
+
+def clip_folder(root: Path) -> Path:
+    """The real clips of CLIPS (LibriSpeech, LJSpeech, JFK) copied into one folder."""
     folder = root / "clips"
     folder.mkdir()
-    sources = sorted(LIBRISPEECH_DIR.rglob("*.flac")) + sorted((LJSPEECH_DIR / "wavs").glob("*.flac")) + [JFK_FLAC]
-    for path in sources[:count]:
+    for name in CLIPS:
+        path = JFK_FLAC if name == "jfk" else next(
+            p for corpus in (LIBRISPEECH_DIR, LJSPEECH_DIR) for p in corpus.rglob(f"{name}.flac"))
         shutil.copy(path, folder / path.name)
     return folder
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray instance (one slot per worker) for the in-process tests: RayTranscriber and
+    asr-transcribe's main join it, and leave it running, as they would a cluster's."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
 
 
 def without_timings(record: dict) -> dict:
@@ -49,16 +72,47 @@ def run_cli(*args: str) -> tuple[int, str]:
     return main([*args, *MODEL_ARGS]), ""
 
 
-def test_two_workers_write_what_the_local_engine_writes(tmp_path, capsys):
+def test_skip_existing_after_the_driver_was_killed_redoes_only_the_missing(tmp_path):
+    # First in the module: its `ray stop --force` would stop the instance of the `local_ray` fixture too.
     folder = clip_folder(tmp_path)
+    total = len(CLIPS)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "asr_app.cli.transcribe", str(folder), "-o", str(out), "-f", "txt,json",
+           "--engine", "ray", "--num-workers", "1", "--skip-existing", "--quiet", *MODEL_ARGS]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    driver = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(out.glob("*.json"))) < 3:
+            assert driver.poll() is None, driver.stderr.read().decode()
+            assert time.monotonic() < deadline, "the driver wrote nothing in time"
+            time.sleep(0.05)
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray processes it started
+        driver.wait()
+    finally:
+        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
+    done = {p.stem for p in out.glob("*.json")}
+    assert 3 <= len(done) < total
+    assert {p.stem for p in out.glob("*.txt")} >= done  # json is written last: its file is complete
+    rerun = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    skipped = len({p.stem for p in out.glob("*.txt")} & done)
+    assert f"{total - skipped} transcribed, 0 failed, {skipped} skipped" in rerun.stderr
+    assert len(list(out.glob("*.json"))) == total and not list(out.glob(".asr-tmp-*"))
+
+
+def test_two_workers_write_what_the_local_engine_writes(local_ray, tmp_path, capsys):
+    folder = clip_folder(tmp_path)
+    total = len(CLIPS)
     local, ray_out = tmp_path / "local", tmp_path / "ray"
     assert run_cli(str(folder), "-o", str(local), "-f", "txt,srt,json")[0] == 0
     assert run_cli(str(folder), "-o", str(ray_out), "-f", "txt,srt,json", "--engine", "ray", "--num-workers", "2")[0] == 0
     err = capsys.readouterr().err
-    assert "10 transcribed, 0 failed" in err and "cluster: 10 file(s)" in err and "over 2 worker process(es)" in err
-    assert "s to stop them" in err
+    assert f"{total} transcribed, 0 failed" in err and f"cluster: {total} file(s)" in err
+    assert "over 2 worker process(es)" in err and "s to stop them" in err
     names = sorted(p.name for p in local.iterdir())
-    assert names == sorted(p.name for p in ray_out.iterdir()) and len(names) == 30
+    assert names == sorted(p.name for p in ray_out.iterdir()) and len(names) == 3 * total
     for name in names:
         if name.endswith(".json"):
             ours, theirs = (json.loads((d / name).read_text()) for d in (local, ray_out))
@@ -67,18 +121,18 @@ def test_two_workers_write_what_the_local_engine_writes(tmp_path, capsys):
             assert (local / name).read_bytes() == (ray_out / name).read_bytes(), name
 
 
-def test_a_killed_worker_loses_nothing_and_repeats_nothing(tmp_path):
+def test_a_killed_worker_loses_nothing_and_repeats_nothing(local_ray, tmp_path):
     from asr_app.arguments import decoder_from_args
     from asr_app.cli.transcribe import build_parser, transcribe_options
     from asr_app.cluster import ClusterOptions, RayTranscriber
 
-    # The first worker gets a short clip, the second a ~50 s file: when the short one is back, the
-    # second worker is surely mid-file, and it is killed there.
-    speech = np.concatenate([load_audio(p) for p in sorted((LJSPEECH_DIR / "wavs").glob("*.flac"))] +
-                            [load_audio(JFK_FLAC)])
+    # The first worker gets a short clip (11 s), the second a ~40 s file: when the short one is back, the
+    # second worker is surely mid-file, and it is killed there. Three long files: the killed worker may hold
+    # a second task, waiting behind its running one.
+    speech = np.concatenate([load_audio(p) for p in sorted((LJSPEECH_DIR / "wavs").glob("*.flac"))[:6]])
     paths = [tmp_path / "short.flac"]
     sf.write(paths[0], load_audio(JFK_FLAC), SAMPLE_RATE)
-    for i in range(1, 6):
+    for i in range(1, 4):
         path = tmp_path / f"long{i}.flac"
         sf.write(path, np.roll(speech, i * SAMPLE_RATE), SAMPLE_RATE)
         paths.append(path)
@@ -96,38 +150,10 @@ def test_a_killed_worker_loses_nothing_and_repeats_nothing(tmp_path):
                 os.kill(busy[0], signal.SIGKILL)
             keys.append(key)
         report = transcriber.report
-    assert sorted(keys) == list(range(6))  # every file exactly once
+    assert sorted(keys) == list(range(len(paths)))  # every file exactly once
     # The killed worker held up to two tasks (one running, one waiting): both went to the other workers.
     assert report.workers_lost == 1 and report.tasks_retried in (1, 2)
-    assert sum(w.files for w in report.workers.values()) == 6
-
-
-def test_skip_existing_after_the_driver_was_killed_redoes_only_the_missing(tmp_path):
-    folder = clip_folder(tmp_path)
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "asr_app.cli.transcribe", str(folder), "-o", str(out), "-f", "txt,json",
-           "--engine", "ray", "--num-workers", "1", "--skip-existing", "--quiet", *MODEL_ARGS]
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    driver = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 240
-        while len(list(out.glob("*.json"))) < 3:
-            assert driver.poll() is None, driver.stderr.read().decode()
-            assert time.monotonic() < deadline, "the driver wrote nothing in time"
-            time.sleep(0.2)
-        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray processes it started
-        driver.wait()
-    finally:
-        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
-    done = {p.stem for p in out.glob("*.json")}
-    assert 3 <= len(done) < 10
-    assert {p.stem for p in out.glob("*.txt")} >= done  # json is written last: its file is complete
-    rerun = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert rerun.returncode == 0, rerun.stderr
-    skipped = len({p.stem for p in out.glob("*.txt")} & done)
-    assert f"{10 - skipped} transcribed, 0 failed, {skipped} skipped" in rerun.stderr
-    assert len(list(out.glob("*.json"))) == 10 and not list(out.glob(".asr-tmp-*"))
+    assert sum(w.files for w in report.workers.values()) == len(paths)
 
 
 def test_engine_ray_options_are_checked_before_loading(capsys):
