@@ -68,7 +68,7 @@ def launch(folder: Path, *extra: str, env: dict | None = None):
         if time.monotonic() > deadline:
             proc.kill()
             pytest.fail(f"app.py did not start within {STARTUP_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
-        time.sleep(0.5)
+        time.sleep(0.2)
 
 
 def stop(proc) -> None:
@@ -82,15 +82,21 @@ def stop(proc) -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    proc, url, log_path = launch(tmp_path_factory.mktemp("app"))
+    """One app for the module, with a 1 MB upload limit and its own TMPDIR: the last test checks the limit,
+    then stops the app with SIGTERM and checks that its folders are gone. (Every other upload here is
+    far below 1 MB.)"""
+    folder = tmp_path_factory.mktemp("app")
+    scratch = folder / "tmp"
+    scratch.mkdir()
+    proc, url, log_path = launch(folder, "--max-upload-mb", "1", env={"TMPDIR": str(scratch)})
     try:
-        yield url, log_path
+        yield url, log_path, proc, scratch
     finally:
         stop(proc)
 
 
 def test_page_header_names_the_model_pair(server):
-    url, _ = server
+    url, *_ = server
     with urllib.request.urlopen(url + "config", timeout=10) as response:
         config = response.read().decode()
     assert "whisper-tiny.en" in config and "distil-tiny.en-draft" in config and "cpu" in config
@@ -98,7 +104,7 @@ def test_page_header_names_the_model_pair(server):
 
 
 def test_file_endpoint_over_http(server):
-    url, _ = server
+    url, *_ = server
     client = Client(url, verbose=False)
     message, text, segments, files, stats, words = client.predict(
         handle_file(str(JFK_FLAC)), "exact", 0.0, api_name="/transcribe_file")
@@ -112,27 +118,8 @@ def test_file_endpoint_over_http(server):
     assert stats["mode"] == "exact" and stats["acceptance_rate"] > 0
 
 
-def test_upload_limit_and_cleanup_on_sigterm(tmp_path):
-    # Uploads above --max-upload-mb are refused with a message; SIGTERM removes the app's own folders.
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    proc, url, _ = launch(tmp_path, "--max-upload-mb", "1", env={"TMPDIR": str(scratch)})
-    try:
-        client = Client(url, verbose=False)
-        message, text, *_ = client.predict(handle_file(str(JFK_FLAC)), "exact", 0.0, api_name="/transcribe_file")
-        assert message == "" and "country" in text  # 190 kB: under the limit
-        big = tmp_path / "big.wav"
-        sf.write(big, np.zeros(16_000 * 60, dtype=np.float32), 16_000, subtype="FLOAT")  # 3.8 MB
-        with pytest.raises(Exception, match="(?i)size|large|exceed"):
-            client.predict(handle_file(str(big)), "exact", 0.0, api_name="/transcribe_file")
-        assert list(scratch.glob("asr_app_ui_*"))  # the downloads folder exists while the app runs
-    finally:
-        stop(proc)
-    assert proc.returncode == 0 and not list(scratch.glob("asr_app_ui_*"))
-
-
 def test_compare_endpoint_over_http(server):
-    url, _ = server
+    url, *_ = server
     client = Client(url, verbose=False)
     # Temperature 1.0: sampling, the paper's setting, where exact and sigmoid can differ.
     message, exact, sigmoid, baseline, table, chart = client.predict(
@@ -156,7 +143,7 @@ def test_compare_endpoint_over_http(server):
 
 
 def test_non_audio_upload_over_http_is_a_message(server, tmp_path):
-    url, _ = server
+    url, *_ = server
     notes = tmp_path / "notes.txt"
     notes.write_text("not audio at all\n")
     message, text, _, files, _, words = Client(url, verbose=False).predict(
@@ -166,7 +153,7 @@ def test_non_audio_upload_over_http_is_a_message(server, tmp_path):
 
 
 def test_two_concurrent_clients_get_their_own_results(server):
-    url, _ = server
+    url, *_ = server
 
     def transcribe(path: Path) -> str:
         client = Client(url, verbose=False)
@@ -181,17 +168,25 @@ def test_two_concurrent_clients_get_their_own_results(server):
     assert "surpassed" not in first_text.lower() and "modern" not in second_text.lower()
 
 
-def test_port_in_use_is_a_clear_error_before_loading_models():
+def test_port_in_use_is_a_clear_error_before_loading_models(monkeypatch, capsys):
+    # app.py's main, in this process (app.py only exits with what it returns): no second interpreter to
+    # import torch and Gradio. Loading the models is made to fail loudly, so a check that comes too late
+    # fails here at once instead of loading them.
+    import asr_app.ui.app as ui_app
+
+    def no_loading(*_args, **_kwargs):
+        raise AssertionError("app.py went on to load the models")
+
+    monkeypatch.setattr(ui_app, "load_decoder_or_report", no_loading)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = subprocess.run([sys.executable, str(REPO_ROOT / "app.py"), "--target", str(TINY_EN_DIR),
-                                 "--device", "cpu", "--port", str(port)],
-                                capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
-    assert result.returncode == 2
-    assert f"cannot serve on 127.0.0.1:{port}" in result.stderr and "in use" in result.stderr
-    assert "Traceback" not in result.stderr and "models loaded" not in result.stdout
+        code = ui_app.main(["--target", str(TINY_EN_DIR), "--device", "cpu", "--port", str(port)])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert f"cannot serve on 127.0.0.1:{port}" in err and "in use" in err
+    assert "Traceback" not in err and "models loaded" not in out
 
 
 def chromium() -> str | None:
@@ -282,7 +277,7 @@ class Page:
             value = self.js(expression)
             if value:
                 return value
-            time.sleep(0.5)
+            time.sleep(0.1)
         raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
     def screenshot(self, path: Path) -> bytes:
@@ -327,7 +322,7 @@ def test_browser_shows_the_tabs_and_two_tabs_transcribe_the_microphone(server, t
     both sessions stream at once, each gets the speech once (no audio of the other), and
     stopping finalises the text."""
     assert chromium(), "chromium is not installed: .ci/run installs it with apt-get"
-    url, _ = server
+    url, *_ = server
     ARTIFACTS.mkdir(exist_ok=True)
     # Chrome's fake capture device plays a WAV file as the microphone: the sentence at 48 kHz
     # stereo, with silence either side (the long tail keeps the file from looping while we wait).
@@ -364,7 +359,7 @@ def test_browser_shows_the_tabs_and_two_tabs_transcribe_the_microphone(server, t
         for tab in tabs:
             while (received := _audio_received(tab.js("document.body.innerText"))) < speech_end_s + 0.5:
                 assert time.monotonic() < deadline, f"server received only {received} s of the recording"
-                time.sleep(0.5)
+                time.sleep(0.2)
         for tab in tabs:
             assert tab.js(CLICK_BUTTON.format(label="Stop"))
         texts, received = [], []
@@ -403,3 +398,19 @@ def test_browser_shows_the_tabs_and_two_tabs_transcribe_the_microphone(server, t
         # Each session heard the recording once: not the other tab's audio too.
         assert speech_end_s <= seconds < 2 * speech_end_s, received
         assert word_error_rate(LJ_LIVE_TEXT, text) < 0.3, texts
+
+
+# Last in the module: it stops the module's app.
+def test_upload_limit_and_cleanup_on_sigterm(server, tmp_path):
+    # Uploads above --max-upload-mb are refused with a message; SIGTERM removes the app's own folders.
+    url, _, proc, scratch = server
+    client = Client(url, verbose=False)
+    message, text, *_ = client.predict(handle_file(str(JFK_FLAC)), "exact", 0.0, api_name="/transcribe_file")
+    assert message == "" and "country" in text  # 190 kB: under the limit
+    big = tmp_path / "big.wav"
+    sf.write(big, np.zeros(16_000 * 60, dtype=np.float32), 16_000, subtype="FLOAT")  # 3.8 MB
+    with pytest.raises(Exception, match="(?i)size|large|exceed"):
+        client.predict(handle_file(str(big)), "exact", 0.0, api_name="/transcribe_file")
+    assert list(scratch.glob("asr_app_ui_*"))  # the downloads folder exists while the app runs
+    stop(proc)
+    assert proc.returncode == 0 and not list(scratch.glob("asr_app_ui_*"))
