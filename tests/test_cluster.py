@@ -51,10 +51,11 @@ def clip_folder(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    """One local Ray instance (one slot per worker) for the in-process tests: RayTranscriber and
-    asr-transcribe's main join it, and leave it running, as they would a cluster's."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
+    """One local Ray instance (a slot for each of two workers) for the module, started after the test of
+    asr-transcribe's own local instance: RayTranscriber joins it, and so does asr-transcribe --address (its
+    address, the value), and both leave it running, as they would a cluster's."""
+    context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield context.address_info["gcs_address"]
     ray.shutdown()
 
 
@@ -72,37 +73,10 @@ def run_cli(*args: str) -> tuple[int, str]:
     return main([*args, *MODEL_ARGS]), ""
 
 
-def test_skip_existing_after_the_driver_was_killed_redoes_only_the_missing(tmp_path):
-    # First in the module: its `ray stop --force` would stop the instance of the `local_ray` fixture too.
-    folder = clip_folder(tmp_path)
-    total = len(CLIPS)
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "asr_app.cli.transcribe", str(folder), "-o", str(out), "-f", "txt,json",
-           "--engine", "ray", "--num-workers", "1", "--skip-existing", "--quiet", *MODEL_ARGS]
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    driver = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 240
-        while len(list(out.glob("*.json"))) < 3:
-            assert driver.poll() is None, driver.stderr.read().decode()
-            assert time.monotonic() < deadline, "the driver wrote nothing in time"
-            time.sleep(0.05)
-        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray processes it started
-        driver.wait()
-    finally:
-        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
-    done = {p.stem for p in out.glob("*.json")}
-    assert 3 <= len(done) < total
-    assert {p.stem for p in out.glob("*.txt")} >= done  # json is written last: its file is complete
-    rerun = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert rerun.returncode == 0, rerun.stderr
-    skipped = len({p.stem for p in out.glob("*.txt")} & done)
-    assert f"{total - skipped} transcribed, 0 failed, {skipped} skipped" in rerun.stderr
-    assert len(list(out.glob("*.json"))) == total and not list(out.glob(".asr-tmp-*"))
-
-
-def test_two_workers_write_what_the_local_engine_writes(local_ray, tmp_path, capsys):
+def test_two_workers_write_what_the_local_engine_writes(tmp_path, capsys):
+    # First in the module, before the `local_ray` fixture: asr-transcribe starts (and stops) its own local
+    # Ray instance, as a user's run does.
+    assert not ray.is_initialized()
     folder = clip_folder(tmp_path)
     total = len(CLIPS)
     local, ray_out = tmp_path / "local", tmp_path / "ray"
@@ -154,6 +128,37 @@ def test_a_killed_worker_loses_nothing_and_repeats_nothing(local_ray, tmp_path):
     # The killed worker held up to two tasks (one running, one waiting): both went to the other workers.
     assert report.workers_lost == 1 and report.tasks_retried in (1, 2)
     assert sum(w.files for w in report.workers.values()) == len(paths)
+
+
+def test_skip_existing_after_the_driver_was_killed_redoes_only_the_missing(local_ray, tmp_path):
+    # The driver joins the module's Ray instance (--address): killed, it takes its workers with it (Ray ends
+    # the actors of a dead driver) and leaves the instance to the rerun.
+    folder = clip_folder(tmp_path)
+    total = len(CLIPS)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "asr_app.cli.transcribe", str(folder), "-o", str(out), "-f", "txt,json",
+           "--engine", "ray", "--address", local_ray, "--num-workers", "1", "--skip-existing", "--quiet",
+           *MODEL_ARGS]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    driver = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(out.glob("*.json"))) < 3:
+            assert driver.poll() is None, driver.stderr.read().decode()
+            assert time.monotonic() < deadline, "the driver wrote nothing in time"
+            time.sleep(0.05)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+    done = {p.stem for p in out.glob("*.json")}
+    assert 3 <= len(done) < total
+    assert {p.stem for p in out.glob("*.txt")} >= done  # json is written last: its file is complete
+    rerun = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    skipped = len({p.stem for p in out.glob("*.txt")} & done)
+    assert f"{total - skipped} transcribed, 0 failed, {skipped} skipped" in rerun.stderr
+    assert len(list(out.glob("*.json"))) == total and not list(out.glob(".asr-tmp-*"))
 
 
 def test_engine_ray_options_are_checked_before_loading(capsys):
