@@ -26,6 +26,17 @@ def run_bench(script: str, *args: str) -> str:
     return child.stdout
 
 
+def import_bench(monkeypatch, script: str):
+    """bench/<script> imported into this process, run from bench/ as a user does: its main() does what the
+    child of run_bench would, without the child's ~6 s of importing torch, transformers and asr_app again
+    (runtime_bench and verify_bench still run as children: the scripts' own entry point is tested there)."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.chdir(BENCH)
+    return importlib.import_module(script.removesuffix(".py"))
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="the fused rows need Triton (its interpreter on a CPU)")
 def test_runtime_bench_reports_loops_steps_and_projections(tmp_path):
     # Without --fused-layers: interpreting the fused kernels quadruples this run (41 s against 10 s here), and
@@ -80,8 +91,8 @@ def test_runtime_bench_projects_at_the_real_pairs_tokens_per_call_measured_in_th
     assert report["projection"]["tokens_per_call"] == 1.1 and "random-weight" in report["projection"]["source"]
 
 
-def test_step_profile_reports_each_step(tmp_path):
-    run_bench("step_profile.py", "--shape", "tiny", "--device", "cpu", "--out-dir", str(tmp_path))
+def test_step_profile_reports_each_step(tmp_path, monkeypatch):
+    import_bench(monkeypatch, "step_profile.py").main(["--shape", "tiny", "--device", "cpu", "--out-dir", str(tmp_path)])
     report = json.loads((tmp_path / "step_profile_tiny_cpu.json").read_text())
     assert set(report) == {"meta", "target k=1", "target k=6", "draft"}  # no device kernels on a CPU: counts are 0
     assert "### tiny: draft step" in (tmp_path / "step_profile_tiny_cpu.txt").read_text()
@@ -98,13 +109,17 @@ def test_verify_bench_reports_every_configuration_against_transformers(tmp_path)
     assert "target check: exact" in out and (tmp_path / "verify_bench_cpu.png").stat().st_size > 0
 
 
-def test_stream_bench_reports_each_variant_under_its_own_names(tmp_path):
-    from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, TINY_EN_DIR
+def test_stream_bench_reports_each_variant_under_its_own_names(tmp_path, monkeypatch):
+    from conftest import DISTIL_DRAFT_DIR, LIBRISPEECH_DIR, TINY_EN_DIR
 
+    # a 3.3 s LibriSpeech clip with its human transcript (7 words): every field of the 11 s JFK clip's report,
+    # in a third of the streaming steps
+    clip = sorted(LIBRISPEECH_DIR.rglob("*.flac"))[1]
     out = tmp_path / "stream.json"
-    run_bench("stream_bench.py", "--modes", "off", "--reuse", "on", "--policies", "local-agreement,alignatt",
-              "--fast", "--clips", str(JFK_FLAC), "--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR),
-              "--out", str(out))
+    stream_bench = import_bench(monkeypatch, "stream_bench.py")
+    assert stream_bench.main(["--modes", "off", "--reuse", "on", "--policies", "local-agreement,alignatt", "--fast",
+                              "--clips", str(clip), "--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR),
+                              "--out", str(out)]) == 0
     modes = json.loads(out.read_text())["modes"]
     assert {name: (row["mode"], row["policy"], row["reuse_hypothesis"]) for name, row in modes.items()} == {
         "off+reuse local-agreement": ("off", "local-agreement", True), "off+reuse alignatt": ("off", "alignatt", True)}
@@ -137,15 +152,16 @@ def test_batch_bench_reports_every_mode_at_every_batch_size(tmp_path, monkeypatc
         assert out.with_suffix(".png").stat().st_size > 0
 
 
-def test_peers_bench_names_the_cpu_its_figures_came_from():
+def test_peers_bench_names_the_cpu_its_figures_came_from(monkeypatch):
     # CPU figures are comparable only between machines of one kind (docs/runtime.md, "CPU, a Zen 4 VM"): the
     # report says which CPU, and its fp32 rate measured in the same run.
-    code = ("import json, peers_bench, report_io; facts = report_io.cpu_facts(1); "
-            "print(json.dumps(facts)); print(peers_bench.table({'engines': {}, 'config': {'cpu': facts}}))")
-    out = run_bench("-c", code).splitlines()
-    facts = json.loads(out[0])
+    peers_bench = import_bench(monkeypatch, "peers_bench.py")
+    import report_io
+
+    facts = json.loads(json.dumps(report_io.cpu_facts(1)))  # as the report writes them
+    first = peers_bench.table({"engines": {}, "config": {"cpu": facts}}).splitlines()[0]
     assert facts["fp32 GFLOP/s"] > 0 and facts["processor"]
     if Path("/proc/cpuinfo").exists():
         assert facts["model name"] and facts["cpu family"].isdigit()
-    assert out[1].startswith(f"CPU: {facts.get('model name', facts['processor'])}")
-    assert f"{facts['fp32 GFLOP/s']} GFLOP/s fp32" in out[1]
+    assert first.startswith(f"CPU: {facts.get('model name', facts['processor'])}")
+    assert f"{facts['fp32 GFLOP/s']} GFLOP/s fp32" in first
