@@ -60,6 +60,10 @@ def ray_service(tmp_path_factory):
     finally:
         stop(proc)
         proc.wait(60)
+    # Ray ends the replica processes after asr-serve has exited; on a loaded machine that takes a few seconds.
+    deadline = time.monotonic() + 30
+    while replica_pids() and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert not replica_pids(), "the decoder replicas outlived asr-serve"
 
 
