@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import time
 import urllib.request
@@ -58,8 +59,13 @@ def ray_service(tmp_path_factory):
     try:
         yield url
     finally:
-        stop(proc)
-        proc.wait(60)
+        # asr-serve takes Serve and its local Ray down on SIGTERM; on a loaded machine that outlasts stop()'s
+        # 20 s grace, and a SIGKILL then leaves the replicas to Ray's own (slow) cleanup.
+        proc.terminate()
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            stop(proc)
     # Ray ends the replica processes after asr-serve has exited; on a loaded machine that takes a few seconds.
     deadline = time.monotonic() + 30
     while replica_pids() and time.monotonic() < deadline:
