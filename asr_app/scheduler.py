@@ -121,6 +121,20 @@ class _Request:
     order: int = 0
 
 
+class RecentLatencies:
+    """The latest request latencies per priority name, a bounded window each (what /metrics reports). Not
+    locked: its owner records and reads it under its own lock."""
+
+    def __init__(self, window: int) -> None:
+        self._by_name = {name: deque(maxlen=window) for name in PRIORITY_NAMES.values()}
+
+    def record(self, priority: int, seconds: float) -> None:
+        self._by_name[PRIORITY_NAMES[priority]].append(seconds)
+
+    def snapshot(self) -> dict[str, list[float]]:
+        return {name: list(values) for name, values in self._by_name.items()}
+
+
 @dataclass
 class SchedulerMetrics:
     """What /metrics and the benches read (a consistent copy, see `Scheduler.metrics`)."""
@@ -175,7 +189,7 @@ class Scheduler:
         self._closed = False
         self._metrics = SchedulerMetrics()
         self._untrimmed = False   # work was done since memory was last given back
-        self._latencies = {name: deque(maxlen=options.latency_window) for name in PRIORITY_NAMES.values()}
+        self._latencies = RecentLatencies(options.latency_window)
         self._worker = threading.Thread(target=self._run, name="asr-scheduler", daemon=True)
         self._worker.start()
 
@@ -238,7 +252,7 @@ class Scheduler:
                 queue_depth=len(self._queue), batches=m.batches, rows=m.rows,
                 rows_per_batch=dict(m.rows_per_batch), failed=m.failed, busy_s=m.busy_s, audio_s=m.audio_s,
                 drafted=m.drafted, accepted=m.accepted, trims=m.trims,
-                latencies={k: list(v) for k, v in self._latencies.items()}, sizer=self.sizer.snapshot())
+                latencies=self._latencies.snapshot(), sizer=self.sizer.snapshot())
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Refuse new requests, fail the waiting ones, let the running batch finish."""
@@ -320,7 +334,7 @@ class Scheduler:
         with self._cond:
             self._metrics.count_batch([r.clip for r in batch], outcomes, elapsed)
             for request in batch:
-                self._latencies[PRIORITY_NAMES[request.priority]].append(now - request.submitted)
+                self._latencies.record(request.priority, now - request.submitted)
         for request, outcome in zip(batch, outcomes):
             if isinstance(outcome, BaseException):
                 request.future.set_exception(outcome)

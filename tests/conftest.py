@@ -26,6 +26,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The path users get (measured costs, acceptance learned across decodes) runs where it matters, with the
 # `learned_costs` fixture below: greedy identity at batch 1 and 3, timestamps, hints (test_learned_costs.py).
 os.environ.setdefault("ASR_APP_STEP_COSTS", "0.0019,0.0067,0.00105")
+# A busy CI machine (two pytest-xdist workers on two cores) can keep a local Ray's raylet from answering the
+# GCS's health checks for a while; with Ray's defaults (a check every 3 s, 10 s to answer, 5 misses) the GCS
+# then marks the node dead and terminates its raylet mid-test. Ray reads these overrides of its system config
+# from the environment: every Ray the tests start (in-process or by a subprocess) inherits them.
+for _name, _value in (("health_check_period_ms", "3000"), ("health_check_timeout_ms", "30000"),
+                      ("health_check_failure_threshold", "20")):
+    os.environ.setdefault(f"RAY_{_name}", _value)
 # Two xdist workers on two cores: one torch thread each, or four threads would take turns on two cores.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
@@ -164,7 +171,8 @@ LONGEST_FIRST = ("ray", "test_streaming", "test_fused_layers", "test_runtime", "
 
 
 def _work_unit(item: pytest.Item) -> str:
-    module = item.module.__name__.rsplit(".", 1)[-1] if item.module else item.nodeid.split("::")[0]
+    module_object = getattr(item, "module", None)   # items that are not Python functions have none
+    module = module_object.__name__.rsplit(".", 1)[-1] if module_object else item.nodeid.split("::")[0]
     return "ray" if module in RAY_MODULES else module
 
 

@@ -21,14 +21,6 @@ from asr_app.audio import SAMPLE_RATE, load_audio
 
 ray = pytest.importorskip("ray", reason="the cluster extra (Ray) is part of the dev extra")
 
-# A busy CI machine (two pytest-xdist workers on two cores) can keep the raylet from answering the GCS's health
-# checks for a while; with Ray's defaults (a check every 3 s, 10 s to answer, 5 misses) the GCS then marks the
-# local node dead and terminates its raylet mid-test. Ray reads these overrides of its system config from the
-# environment: the GCS, raylets and workers started here (in-process or by a subprocess) inherit them.
-for _name, _value in (("health_check_period_ms", "3000"), ("health_check_timeout_ms", "30000"),
-                      ("health_check_failure_threshold", "20")):
-    os.environ.setdefault(f"RAY_{_name}", _value)
-
 MODEL_ARGS = ["--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR), "--device", "cpu", "--threads", "1"]
 TIMED_STATS = {"encoder_s", "draft_s", "target_s", "verify_s", "verify_cpu_s", "total_s", "decode_s", "load_s"}
 

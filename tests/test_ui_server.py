@@ -71,10 +71,11 @@ def launch(folder: Path, *extra: str, env: dict | None = None):
         time.sleep(0.2)
 
 
-def stop(proc) -> None:
+def stop(proc, grace_s: float = 20) -> None:
+    """SIGTERM, then SIGKILL if the process is still there after `grace_s`."""
     proc.terminate()
     try:
-        proc.wait(timeout=20)
+        proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()

@@ -28,7 +28,7 @@ from asr_app.arguments import (
 )
 from asr_app.audio import is_audio_path
 from asr_app.cli.progress import Progress
-from asr_app.cluster import FILE_TIMEOUT_S, TIMEOUT_PER_AUDIO_S
+from asr_app.cluster import FILE_TIMEOUT_S, TIMEOUT_PER_AUDIO_S, ray_device_problem
 from asr_app.writers import FORMATS, output_paths, parse_formats, remove_stale_temps, render, write_outputs
 
 
@@ -323,8 +323,6 @@ def _check_cli_options(parser: argparse.ArgumentParser, args) -> None:
     if args.num_workers < 1 or args.gpus_per_worker < 0:
         parser.error("--num-workers must be >= 1 and --gpus-per-worker >= 0")
     if args.engine == "ray":   # a worker sees only the GPUs it reserves: said here, not inside a worker
-        from asr_app.cluster import ray_device_problem
-
         if (problem := ray_device_problem(args.device, args.gpus_per_worker, "--gpus-per-worker", "worker")):
             parser.error(problem)
 

@@ -14,12 +14,11 @@ import asyncio
 import dataclasses
 import threading
 import time
-from collections import deque
 from typing import Any
 
 from ray import serve
 
-from asr_app.scheduler import PRIORITY_NAMES, SchedulerMetrics, SchedulerOptions
+from asr_app.scheduler import RecentLatencies, SchedulerMetrics, SchedulerOptions
 from asr_app.serve.ray_engine import publish_metrics
 
 MAX_BATCH = 8
@@ -39,9 +38,8 @@ class ServeBatchedReplica:
         """The figures the serving scheduler keeps, kept here too, so /metrics reads the same either way."""
         self.figures = SchedulerMetrics()
         self._lock = threading.Lock()
-        self._in_flight = 0   # rows waiting for or in a batch: this replica's queue depth (autoscaling's too)
-        window = SchedulerOptions().latency_window
-        self._latencies = {name: deque(maxlen=window) for name in PRIORITY_NAMES.values()}
+        self._in_flight = 0   # rows waiting for or in a batch (the scheduler's queue depth counts waiting rows only)
+        self._latencies = RecentLatencies(SchedulerOptions().latency_window)
 
     async def decode(self, clip, options, prompt, hint, priority: int, session: str):
         started = time.monotonic()
@@ -53,7 +51,7 @@ class ServeBatchedReplica:
             with self._lock:
                 self._in_flight -= 1
         with self._lock:   # waiting plus decoding, failed rows too, as the scheduler counts a row's latency
-            self._latencies[PRIORITY_NAMES[priority]].append(time.monotonic() - started)
+            self._latencies.record(priority, time.monotonic() - started)
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
@@ -84,4 +82,4 @@ class ServeBatchedReplica:
         with self._lock:
             return dataclasses.replace(self.figures, rows_per_batch=dict(self.figures.rows_per_batch),
                                        queue_depth=self._in_flight,
-                                       latencies={k: list(v) for k, v in self._latencies.items()}, sizer={})
+                                       latencies=self._latencies.snapshot(), sizer={})

@@ -394,7 +394,7 @@ class Ingress:
         # A row's call may take as long as a request may wait (live rows have no bound of their own).
         remote = RemoteScheduler(decoder_handle, decoder.pair, decoder.options, board,
                                  retries=settings.get("retries", 5),
-                                 call_timeout_s=getattr(settings["limits"], "request_timeout_s", CALL_TIMEOUT_S))
+                                 call_timeout_s=settings["limits"].request_timeout_s)
         self.engine = UiEngine(pair=decoder.pair, base_options=decoder.options, decoder=decoder, scheduler=remote,
                                limits=settings["limits"], schedule=settings.get("schedule", ()),
                                live_encoder_context_s=settings.get("live_encoder_context_s"))
