@@ -158,10 +158,12 @@ def export_test_models() -> None:
     staging.rename(MODELS_DIR)
 
 
-# Under pytest-xdist (the README's test command runs `-n 2 --dist loadgroup`) each module is one unit of work
-# on one worker, so a module's fixtures (a server, a Ray Serve, the transformers reference) are built once.
-# The Ray modules are one unit: each starts a local Ray instance sized to the whole machine, so two at once
-# would fight for its cores and its memory monitor would see the other's memory.
+# Under pytest-xdist (the README's test command runs `-n 2`) each module is one unit of work on one worker, so
+# a module's fixtures (a server, a Ray Serve, the transformers reference) are built once. The Ray modules are one
+# unit: each starts a local Ray instance sized to the whole machine, so two at once would fight for its cores,
+# and one's replicas would be counted by the other's checks. The units are made here, not with xdist_group
+# marks: pytest 9.2 keeps a node's id where `--dist loadgroup` (xdist 3.8) no longer tags it, which silently
+# made every test a unit of its own (a module's server then started on both workers).
 RAY_MODULES = frozenset({"test_cluster", "test_cluster_failures", "test_cluster_oom", "test_ray_serve"})
 # Units start in this order (the longest first, measured with --durations), then the rest in file order:
 # the last unit to start bounds how long one worker waits for the other at the end.
@@ -170,18 +172,30 @@ LONGEST_FIRST = ("ray", "test_streaming", "test_fused_layers", "test_runtime", "
                  "test_word_timestamps")
 
 
-def _work_unit(item: pytest.Item) -> str:
-    module_object = getattr(item, "module", None)   # items that are not Python functions have none
-    module = module_object.__name__.rsplit(".", 1)[-1] if module_object else item.nodeid.split("::")[0]
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its module's name, or "ray" for the Ray modules."""
+    module = Path(nodeid.split("::")[0]).stem
     return "ray" if module in RAY_MODULES else module
 
 
-@pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the xdist_group marks
+@pytest.hookimpl(tryfirst=True)   # before pytest groups the tests of parametrized fixtures
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(_work_unit(item), len(rank)))   # stable: file order otherwise
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
+    items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))   # stable: file order otherwise
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)   # before xdist's own choice; absent without xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleUnits(LoadScopeScheduling):
+        """xdist's scope scheduler with our units as the scopes, handed out in collection order."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False   # keep the longest-first order made above
+    return ModuleUnits(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -52,12 +52,28 @@ def ray_service(tmp_path_factory):
     finally:
         # asr-serve takes Serve and its local Ray down on SIGTERM; on a loaded machine that outlasts the usual
         # 20 s grace, and a SIGKILL then leaves the replicas to Ray's own (slow) cleanup.
+        started = time.monotonic()
         stop(proc, grace_s=120)
+        stopped_s = time.monotonic() - started
     # Ray ends the replica processes after asr-serve has exited; on a loaded machine that takes a few seconds.
     deadline = time.monotonic() + 30
     while replica_pids() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not replica_pids(), "the decoder replicas outlived asr-serve"
+    left = replica_pids()
+    assert not left, (f"the decoder replicas {left} outlived asr-serve (exit {proc.returncode} after "
+                      f"{stopped_s:.1f} s):\n{process_states(left)}\n{(folder / 'server.log').read_text()[-3000:]}")
+
+
+def process_states(pids: list[int]) -> str:
+    """Each process's state and parent, for a failure message."""
+    lines = []
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except OSError:
+            continue
+        lines.append(f"{pid}: " + ", ".join(line for line in status if line.startswith(("State", "PPid"))))
+    return "\n".join(lines)
 
 
 async def lockstep_stream(url: str, path: Path) -> str:
