@@ -396,14 +396,24 @@ class ScheduledDecoder:
         futures = [self.scheduler.submit(np.asarray(clip, dtype=np.float32), opts, p, h, priority=self.priority,
                                          session=self.session)
                    for clip, p, h in zip(clips, prompts, hints)]
-        results = [self._wait(f) for f in futures]
+        # One deadline for the whole call, and a call that fails takes its queued rows with it: nobody will
+        # read them, so they must not take decoder time from others.
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        try:
+            results = [self._wait(f, deadline) for f in futures]
+        except BaseException:
+            for future in futures:
+                self.scheduler.cancel(future)
+            raise
         parts = ([self.usage] if self.usage is not None else []) + [r.stats for r in results]
         self.usage = DecodingStats.total(parts)
         return results
 
-    def _wait(self, future: Future) -> DecodingResult:
+    def _wait(self, future: Future, deadline: float | None) -> DecodingResult:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            return future.result(self.timeout_s)
+            return future.result(remaining)
         except TimeoutError:
-            self.scheduler.cancel(future)
-            raise TimeoutError(f"no decoder time within {self.timeout_s:.0f} s (the server is overloaded)") from None
+            if future.done():   # it finished after all, or the decode itself raised a TimeoutError: its outcome
+                return future.result()
+            raise TimeoutError(f"no decoder time within {self.timeout_s:g} s (the server is overloaded)") from None

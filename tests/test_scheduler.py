@@ -173,3 +173,52 @@ def test_freed_memory_goes_back_once_per_idle_spell_and_never_while_busy(monkeyp
         assert len(trims) == 2 and scheduler.metrics().trims == 2
     finally:
         scheduler.close()
+
+
+class Scripted(Instant):
+    """Answers after `delay_s` per call, or raises `error` from inside the decode."""
+
+    def __init__(self, delay_s: float = 0.0, error: Exception | None = None) -> None:
+        self.delay_s, self.error = delay_s, error
+
+    def decode(self, clips, options=None, prompts=None, hints=None):
+        time.sleep(self.delay_s)
+        if self.error is not None:
+            raise self.error
+        return super().decode(clips, options, prompts, hints)
+
+
+def test_a_call_past_its_timeout_takes_all_its_queued_rows_with_it():
+    scheduler = Scheduler(Scripted(), SchedulerOptions(max_rows=4))
+    client = scheduler.client(DecodingOptions(mode="off"), timeout_s=0.3)
+    try:
+        with scheduler.hold():   # nothing starts: every row of the call stays queued
+            with pytest.raises(TimeoutError, match="no decoder time within 0.3 s"):
+                client.decode([np.zeros(1600, np.float32)] * 3)
+            assert scheduler.metrics().queue_depth == 0   # none left to take decoder time from others
+    finally:
+        scheduler.close()
+
+
+def test_the_timeout_bounds_the_whole_call_not_each_row():
+    # one row at a time, 0.25 s each: three rows need 0.75 s, more than the call's 0.5 s
+    scheduler = Scheduler(Scripted(delay_s=0.25), SchedulerOptions(max_rows=1))
+    client = scheduler.client(DecodingOptions(mode="off"), timeout_s=0.5)
+    try:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="no decoder time"):
+            client.decode([np.zeros(1600, np.float32)] * 3)
+        assert time.monotonic() - started < 0.7
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+def test_a_timeout_raised_by_the_decode_itself_is_reported_as_it_is(timeout_s):
+    scheduler = Scheduler(Scripted(error=TimeoutError("the model did not answer")), SchedulerOptions(max_rows=1))
+    client = scheduler.client(DecodingOptions(mode="off"), timeout_s=timeout_s)
+    try:
+        with pytest.raises(TimeoutError, match="the model did not answer"):
+            client.decode(np.zeros(1600, np.float32))
+    finally:
+        scheduler.close()
