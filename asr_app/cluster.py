@@ -186,7 +186,8 @@ class RayTranscriber:
             kwargs["num_cpus"] = max(1, int(self.cluster.num_workers * self.cluster.cpus_per_worker))
             kwargs["num_gpus"] = int(-(-self.cluster.num_workers * self.cluster.gpus_per_worker // 1))
         try:
-            ray.init(address=self.cluster.address, **kwargs)
+            # "local": an instance of our own, not a cluster that RAY_ADDRESS or an earlier `ray start` names
+            ray.init(address=self.cluster.address or "local", **kwargs)
         except Exception as exc:  # noqa: BLE001 - Ray raises several kinds; one line for the user
             raise ClusterError(f"cannot connect to Ray at {self.cluster.address or 'a new local instance'}: "
                                f"{exc}") from exc

@@ -537,3 +537,34 @@ def test_the_ray_device_check_lets_a_device_that_uses_its_reservation_through():
     from asr_app.serve.cli import _check_replica_device
     with pytest.raises(ValueError, match="needs --gpus-per-replica > 0: a replica"):
         _check_replica_device("cuda", 0)
+
+
+def test_without_an_address_both_engines_start_a_ray_of_their_own(monkeypatch):
+    """Ray's default (address None) joins a cluster that RAY_ADDRESS or an earlier `ray start` names; asr-serve
+    would then shut down that cluster's Serve on its way out. "local" always starts a new instance."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from asr_app.cluster import ClusterError, ClusterOptions, RayTranscriber
+    from asr_app.serve import ray_launch
+
+    addresses = []
+
+    def init(address=None, **_kwargs):
+        addresses.append(address)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(ray, "init", init)
+    args = SimpleNamespace(host="127.0.0.1", port=8000)
+    with pytest.raises(RuntimeError, match="stop here"):
+        ray_launch.start(args, {}, RayServeOptions())
+    with pytest.raises(RuntimeError, match="stop here"):
+        ray_launch.start(args, {}, RayServeOptions(address="auto"))
+    transcriber = RayTranscriber.__new__(RayTranscriber)
+    transcriber.ray = SimpleNamespace(is_initialized=lambda: False, init=init)
+    for address in (None, "ray://head:10001"):
+        transcriber.cluster = ClusterOptions(address=address)
+        with pytest.raises(ClusterError, match="stop here"):
+            transcriber._connect()
+    assert addresses == ["local", "auto", "local", "ray://head:10001"]

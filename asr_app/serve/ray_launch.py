@@ -36,7 +36,9 @@ def start(args: argparse.Namespace, settings: dict[str, Any], options: RayServeO
     # A local instance gets a CPU slot for every replica's threads even past the core count (the threads
     # then share cores, as the user asked): otherwise Serve would wait forever for slots that never come.
     slots = {} if options.address else {"num_cpus": max(os.cpu_count() or 1, math.ceil(options.cpus_needed))}
-    ray.init(address=options.address, include_dashboard=False, logging_level="WARNING",
+    # Without --address, a Ray instance of our own ("local"): Ray would otherwise join a cluster that RAY_ADDRESS
+    # or an earlier `ray start` names, and on the way out we would shut down that cluster's Serve.
+    ray.init(address=options.address or "local", include_dashboard=False, logging_level="WARNING",
              namespace="asr-serve", ignore_reinit_error=True, **slots)
     serve.start(http_options={"host": args.host, "port": args.port},
                 logging_config=QUIET)
