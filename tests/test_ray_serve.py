@@ -50,12 +50,13 @@ def ray_service(tmp_path_factory):
     try:
         yield url
     finally:
-        # asr-serve takes Serve and its local Ray down on SIGTERM; on a loaded machine that outlasts the usual
-        # 20 s grace, and a SIGKILL then leaves the replicas to Ray's own (slow) cleanup.
+        # asr-serve takes Serve and its local Ray down on SIGTERM (9.5 s in a full CI run); the 120 s grace is a
+        # margin for a loaded machine, not a need seen. (The earlier "replicas outlived asr-serve" errors came
+        # from the module running on both xdist workers at once: see conftest's work units.)
         started = time.monotonic()
         stop(proc, grace_s=120)
         stopped_s = time.monotonic() - started
-    # Ray ends the replica processes after asr-serve has exited; on a loaded machine that takes a few seconds.
+    # Ray ends the replica processes just after asr-serve has exited: a short margin before the check.
     deadline = time.monotonic() + 30
     while replica_pids() and time.monotonic() < deadline:
         time.sleep(0.2)
