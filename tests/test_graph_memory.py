@@ -112,3 +112,42 @@ def test_a_long_mixed_run_keeps_each_workspace_within_its_bound(tiny_pair):
         evictions += sum(s.evictions for s in stats)
     assert evictions > 0  # the bound was reached, and held
     assert max(ws.runner.stats().graphs for ws in unbounded._workspaces.values()) > bound
+
+
+def test_step_costs_capture_every_target_width_the_policy_can_choose(tiny_pair, monkeypatch):
+    # With captured steps the cost measurement times the target step at every width, which captures them all
+    # before any decode. Captured lazily instead, each width the policy first picks mid-decode cost that decode
+    # two warm-up calls and a capture (and a Triton compile on a GPU): greedy `exact` ran slower than `off` on
+    # an H200 (docs/runtime.md). Here no greedy decode may capture a target step of its own.
+    from asr_app.decoding.costs import PINNED_ENV
+    from asr_app.decoding.gamma import CostAwareGamma, StepCosts
+
+    monkeypatch.delenv(PINNED_ENV, raising=False)
+    measured, lazy = decoder(tiny_pair, "emulate"), decoder(tiny_pair, "emulate")
+    widths = CostAwareGamma.MAX_GAMMA + 1
+    costs = measured.step_costs
+    assert len(costs.widths) == widths and all(s > 0 for s in costs.widths)
+
+    def target_widths(dec) -> list[int]:
+        return sorted(key[2] for key in dec._workspaces[(1, True)].runner.captured if key[0] == "target")
+
+    assert target_widths(measured) == list(range(1, widths + 1))
+    # GPU-like costs (a cheap draft, a flat target step): the policy drafts deep, and the length budget cuts
+    # the last steps short, so the decodes meet many widths; `lazy` (costs given, never measured) shows which
+    gpu_like = StepCosts(draft=0.05, target=1.0, per_token=0.0, widths=(1.0,) + (1.2,) * (widths - 1))
+    measured._step_costs = lazy._step_costs = gpu_like
+    for seed, budget in ((1, 30), (2, 17), (3, 11)):
+        opts = DecodingOptions(mode="exact", max_new_tokens=budget)
+        got = [r.tokens for r in measured.decode_features(features(1) + seed, opts)]
+        assert got == [r.tokens for r in lazy.decode_features(features(1) + seed, opts)]
+    assert len(target_widths(lazy)) >= 2  # lazily, these decodes capture widths of their own
+    assert target_widths(measured) == list(range(1, widths + 1))  # measured: nothing new
+
+
+def test_step_costs_use_the_timed_width_where_there_is_one():
+    from asr_app.decoding.gamma import StepCosts
+
+    table = StepCosts(draft=0.1, target=1.0, per_token=0.1, widths=(1.0, 1.5))
+    assert table.step(1) == pytest.approx(0.1 + 1.5)
+    assert table.step(3) == pytest.approx(0.3 + 1.0 + 0.3)  # past the table: linear
+    assert StepCosts(draft=0.1, target=1.0, per_token=0.1).step(1) == pytest.approx(0.1 + 1.0 + 0.1)

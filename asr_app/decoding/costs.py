@@ -6,6 +6,11 @@ keys as the decoding loop, so on a GPU this also captures the batch-1 graphs the
 figure is a median over repeats, with the device synchronised around every target call, and around a few
 draft calls in a row on a GPU (the loop queues a step's drafts without syncs). bench/runtime_bench.py uses the same
 timer for its per-step table.
+
+With captured steps (CUDA graphs, or their emulation) the target step is timed at every width the policy can
+choose, not two: that captures each width's graph here, once, before any decode. Captured lazily, a width
+the policy first picks mid-decode costs that decode two warm-up calls, a capture and, on a GPU, a Triton
+compile at that width, enough to make greedy `exact` slower than `off` on a GPU (docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import time
 
 import torch
 
-from asr_app.decoding.gamma import StepCosts
+from asr_app.decoding.gamma import CostAwareGamma, StepCosts
 from asr_app.decoding.options import DecodingOptions
 from asr_app.decoding.rules import RuleState
 from asr_app.decoding.steps import Steps, state_tensors
@@ -128,5 +133,9 @@ def measure_step_costs(decoder, repeats: int = 5) -> StepCosts:
             raise ValueError(f"{PINNED_ENV} must be 'draft,target,per_token' in seconds, got {pinned!r}") from None
         return StepCosts(draft, target, per_token)
     timer = StepTimer(decoder, repeats)
-    one, wide = timer.target(1), timer.target(GAMMA + 1)
-    return StepCosts(draft=timer.draft(), target=one, per_token=max(0.0, (wide - one) / GAMMA))
+    captured = decoder.graph_mode != "eager"
+    widths = range(1, CostAwareGamma.MAX_GAMMA + 2) if captured else (1, GAMMA + 1)
+    seconds = {width: timer.target(width) for width in widths}
+    one, wide = seconds[1], seconds[GAMMA + 1]
+    return StepCosts(draft=timer.draft(), target=one, per_token=max(0.0, (wide - one) / GAMMA),
+                     widths=tuple(seconds.values()) if captured else ())

@@ -40,13 +40,19 @@ class GammaPolicy:
 
 @dataclass(frozen=True)
 class StepCosts:
-    """Seconds per step: one draft step, and a target step over k tokens = target + (k - 1) * per_token."""
+    """Seconds per step: one draft step, and a target step over k tokens = target + (k - 1) * per_token, or
+    `widths[k - 1]` where the target step was timed at that width. With captured steps every width is timed
+    (costs.py), since a GPU's cost is not linear in k: one launch-bound step, then a jump where the product
+    leaves its one-row kernel, then flat (docs/runtime.md)."""
 
     draft: float
     target: float
     per_token: float
+    widths: tuple[float, ...] = ()
 
     def step(self, gamma: int) -> float:
+        if gamma < len(self.widths):
+            return gamma * self.draft + self.widths[gamma]
         return gamma * self.draft + self.target + gamma * self.per_token
 
 
