@@ -75,7 +75,7 @@ class Workload:
     def __init__(self, args) -> None:
         self.device = torch.device(args.device)
         # every batch size keeps its workspace (and, on a GPU, its graphs): none is recaptured in a timed round
-        runtime = RuntimeOptions(max_workspaces=len(args.batch) + 1)
+        runtime = RuntimeOptions(max_workspaces=len(args.batch) + 1, fused_layers=args.fused_layers)
         self.real = args.shape == "real"
         self.tokens = args.tokens
         if self.real:
@@ -217,6 +217,8 @@ def main(argv=None) -> None:
                     help="max new tokens per row (default: 64 for random weights, Whisper's limit for real clips)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--fused-layers", action=argparse.BooleanOptionalAction, default=None,
+                    help="fused decoder layers (default: the runtime's, on with CUDA graphs)")
     ap.add_argument("--out", type=Path, default=None, help="default: bench/results/<device>/<date>/batch_bench.json")
     args = ap.parse_args(argv)
     if args.threads:
@@ -236,7 +238,8 @@ def main(argv=None) -> None:
               "config": {"workload": workload, "shape": args.shape, "clips": args.clips, "batches": args.batch,
                          "modes": args.modes, "repeats": args.repeats, "max_new_tokens": args.tokens,
                          "threads": torch.get_num_threads(), "dtype": str(work.pair.dtype).removeprefix("torch."),
-                         "greedy": True, "gamma": "cost-aware policy (default)"},
+                         "greedy": True, "gamma": "cost-aware policy (default)",
+                         "fused_layers": work.decoder.target_runtime.fused_layers},
               "rows": measure(work, args.modes, args.batch, args.repeats)}
     # a shared machine's other work shows here (a 2-core VM at load 5 runs everything slower)
     report["config"]["loadavg_before_after"] = [load_before[0], os.getloadavg()[0]]

@@ -212,8 +212,8 @@ def real_rows(models: Path, device: torch.device, dtype: torch.dtype, repeats: i
     with the cost-aware gamma and at the fixed `gamma` the projection assumes (its tokens per call)."""
     pair = load_real_pair(models, device, dtype)
     graphs = "off" if device.type == "cpu" else "auto"
-    eager = SpeculativeDecoder(pair, runtime=RuntimeOptions(cuda_graphs="off"))
-    graphed = SpeculativeDecoder(pair, runtime=RuntimeOptions(cuda_graphs=graphs))
+    eager = SpeculativeDecoder(pair, runtime=RuntimeOptions(cuda_graphs="off", fused_layers=False))
+    graphed = SpeculativeDecoder(pair, runtime=RuntimeOptions(cuda_graphs=graphs, fused_layers=False))
     configs = {"transformers assisted generate (hf)": (eager, "hf"), "ours off (eager)": (eager, "off"),
                "ours exact (eager)": (eager, "exact"), "ours off (graphs)": (graphed, "off"),
                "ours exact (graphs)": (graphed, "exact"), "ours sigmoid (graphs)": (graphed, "sigmoid")}

@@ -188,7 +188,7 @@ def fixed_gamma_loop(decoder, clips, repeats: int) -> dict:
 
 def real_section(args, device, dtype) -> tuple[str, dict]:
     pair = load_real_pair(args.real_models, device, dtype)
-    decoder = SpeculativeDecoder(pair, runtime=RuntimeOptions())
+    decoder = SpeculativeDecoder(pair, runtime=RuntimeOptions(fused_layers=args.fused_layers))
     clips = real_clips()
     out, data = [], {}
     for mode in ("off", "exact"):

@@ -218,3 +218,14 @@ def test_fused_layers_are_refused_where_triton_cannot_run_them(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="CUDA GPU"):
         decoder_from_args(args)
+
+
+def test_fused_layers_are_the_default_only_where_steps_replay_cuda_graphs():
+    # The decision rule of docs/runtime.md ("Fused layers"): fused `off` measured faster than unfused `off` on a
+    # GPU and the GPU tests passed, so fused is the CUDA-graph default; a CPU never takes it unasked.
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert RuntimeOptions().use_fused_layers(cuda) and not RuntimeOptions().use_fused_layers(cpu)
+    assert not RuntimeOptions(cuda_graphs="off").use_fused_layers(cuda)  # eager GPU steps: as asked, unfused
+    assert not RuntimeOptions(cuda_graphs="emulate").use_fused_layers(cpu)
+    assert not RuntimeOptions(fused_layers=False).use_fused_layers(cuda)
+    assert RuntimeOptions(fused_layers=True).use_fused_layers(cpu)  # asked for: the interpreter (or a refusal)

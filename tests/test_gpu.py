@@ -25,6 +25,7 @@ from asr_app.runtime.ops import cross_attention
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CUDA = torch.device("cuda")
+UNFUSED = RuntimeOptions(fused_layers=False)  # the unfused layers, chosen explicitly (fused is the CUDA default)
 
 
 @pytest.fixture(scope="module", params=[torch.float32, torch.float16], ids=["fp32", "fp16"])
@@ -89,7 +90,7 @@ def assert_same_or_near_tie(pair, batch, timestamps, got: list[list[int]], expec
 @torch.inference_mode()
 def test_cuda_graphs_give_the_eager_tokens_in_every_mode(cuda_pair, clips):
     eager = SpeculativeDecoder(cuda_pair, runtime=RuntimeOptions(cuda_graphs="off"))
-    graphed = SpeculativeDecoder(cuda_pair)
+    graphed = SpeculativeDecoder(cuda_pair, runtime=UNFUSED)  # graphs against eager, the same kernels
     assert graphed.graph_mode == "cuda" and eager.graph_mode == "eager"
     for timestamps in (False, True):
         for batch in ([clips[0]], clips):  # batch 3: rows finish at different steps
@@ -107,7 +108,7 @@ def test_cuda_graphs_give_the_eager_tokens_in_every_mode(cuda_pair, clips):
 
 @torch.inference_mode()
 def test_cuda_graphs_with_hints_and_a_second_window(cuda_pair, clips):
-    graphed = SpeculativeDecoder(cuda_pair)
+    graphed = SpeculativeDecoder(cuda_pair, runtime=UNFUSED)
     opts = DecodingOptions(mode="exact")
     plain = graphed.decode(clips[0], opts)[0]
     hinted = graphed.decode(clips[0], opts, hints=[plain.tokens[:12]])[0]
@@ -118,7 +119,7 @@ def test_cuda_graphs_with_hints_and_a_second_window(cuda_pair, clips):
 
 @torch.inference_mode()
 def test_sampling_with_cuda_graphs_repeats_for_a_seed(cuda_pair, clips):
-    graphed = SpeculativeDecoder(cuda_pair)
+    graphed = SpeculativeDecoder(cuda_pair, runtime=UNFUSED)
     for mode in ("exact", "sigmoid"):
         opts = DecodingOptions(mode=mode, temperature=0.7, seed=3)
         first = graphed.decode(clips[0], opts)[0]
@@ -184,9 +185,10 @@ def test_cross_attention_through_the_flash_kernel_matches_fp32():
 
 @torch.inference_mode()
 def test_fused_layers_with_cuda_graphs_give_the_unfused_tokens(cuda_pair, clips):
-    plain = SpeculativeDecoder(cuda_pair)
-    fused_decoder = SpeculativeDecoder(cuda_pair, runtime=RuntimeOptions(fused_layers=True))
-    assert fused_decoder.target_runtime.fused_layers and fused_decoder.graph_mode == "cuda"
+    plain = SpeculativeDecoder(cuda_pair, runtime=UNFUSED)
+    fused_decoder = SpeculativeDecoder(cuda_pair)  # fused layers are the default with CUDA graphs
+    assert fused_decoder.target_runtime.fused_layers and fused_decoder.draft_runtime.fused_layers
+    assert fused_decoder.graph_mode == "cuda"
     for timestamps in (False, True):
         for batch in ([clips[0]], clips):
             reference = [r.tokens for r in plain.decode(batch, DecodingOptions(mode="off", timestamps=timestamps))]

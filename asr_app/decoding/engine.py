@@ -53,7 +53,8 @@ def draft_runtime(draft, head_ids: torch.Tensor | None, runtime: RuntimeOptions)
     """The draft's decoder runtime: its head over `head_ids` (None: every id), its matrices packed in
     `runtime.draft_matmul_dtype` where the device supports it (`ops.pack`)."""
     matmul_dtype = {"bfloat16": torch.bfloat16, "int8": torch.int8}.get(runtime.draft_matmul_dtype)
-    return DecoderRuntime.from_model(draft, head_ids, runtime.packed_weights, matmul_dtype, runtime.fused_layers)
+    fused = runtime.use_fused_layers(next(draft.parameters()).device)
+    return DecoderRuntime.from_model(draft, head_ids, runtime.packed_weights, matmul_dtype, fused)
 
 
 class SpeculativeDecoder:
@@ -79,7 +80,7 @@ class SpeculativeDecoder:
             keep_freed_memory()
         packed = runtime.packed_weights
         self.target_encoder = EncoderRuntime.from_model(self.target, packed)
-        self.target_runtime = DecoderRuntime.from_model(self.target, packed=packed, fused_layers=runtime.fused_layers)
+        self.target_runtime = DecoderRuntime.from_model(self.target, packed=packed, fused_layers=runtime.use_fused_layers(pair.device))
         self.draft_runtime = self.draft_encoder = None
         if self.draft is not None:
             head_ids = (draft_vocabulary(self.tokenizer, self.vocab, self.eos, runtime.draft_vocab)

@@ -82,10 +82,11 @@ class RuntimeOptions:
     # whole window; the draft's view changes its acceptance and the speed, never the output. Captured graphs
     # keep the whole window (their shapes are fixed).
     draft_audio_margin_s: float | None = 1.0
-    # On a GPU, each decoder layer (target and draft) through the fused Triton kernels of runtime.fused: a
-    # layer's norms, biases, GELU, residual adds and cache writes inside its projections' launches. Off until
-    # it is measured on a GPU (docs/runtime.md, "Fused layers"). Changes speed, and values to float rounding.
-    fused_layers: bool = False
+    # Each decoder layer (target and draft) through the fused Triton kernels of runtime.fused: a layer's
+    # norms, biases, GELU, residual adds and cache writes inside its projections' launches. None: on where
+    # steps replay CUDA graphs (faster there, measured: docs/runtime.md, "Fused layers"), off elsewhere (a CPU
+    # runs Triton only in its interpreter). Changes speed, and values to float rounding.
+    fused_layers: bool | None = None
 
     def __post_init__(self) -> None:
         if self.cuda_graphs not in ("auto", "off", "emulate"):
@@ -99,6 +100,10 @@ class RuntimeOptions:
             raise ValueError(f"max_graphs must be >= 1, got {self.max_graphs}")
         if self.draft_vocab is not None and self.draft_vocab < 1:
             raise ValueError(f"draft_vocab must be a positive token count or None, got {self.draft_vocab}")
+
+    def use_fused_layers(self, device) -> bool:
+        """Whether decoder layers run fused on `device` (`fused_layers`, or its default there)."""
+        return self.fused_layers if self.fused_layers is not None else self.graph_mode(device) == "cuda"
 
     def graph_mode(self, device) -> str:
         if self.cuda_graphs == "emulate":

@@ -20,7 +20,8 @@ in another order than cuBLAS, so values agree to rounding, not bit for bit.
 On a GPU each product is a matrix-vector kernel (a handful of rows per step) whose tile, element-wise or on
 the tensor cores, is tuned on its first call per matrix shape and row bucket (`triton.autotune`, in the
 warm-up before a graph is captured); under Triton's CPU interpreter (tests) fixed wide tiles, element-wise
-for one row and tensor-core for more. Opt-in (`RuntimeOptions.fused_layers`) until it is measured on a GPU.
+for one row and tensor-core for more. The default where steps replay CUDA graphs, since an H200 measured it
+faster there (`RuntimeOptions.fused_layers`; docs/runtime.md); off on a CPU.
 """
 
 from __future__ import annotations
