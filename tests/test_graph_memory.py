@@ -115,33 +115,45 @@ def test_a_long_mixed_run_keeps_each_workspace_within_its_bound(tiny_pair):
 
 
 def test_step_costs_capture_every_target_width_the_policy_can_choose(tiny_pair, monkeypatch):
-    # With captured steps the cost measurement times the target step at every width, which captures them all
-    # before any decode. Captured lazily instead, each width the policy first picks mid-decode cost that decode
-    # two warm-up calls and a capture (and a Triton compile on a GPU): greedy `exact` ran slower than `off` on
-    # an H200 (docs/runtime.md). Here no greedy decode may capture a target step of its own.
+    # With captured steps the cost measurement times the target step at every width (1 to MAX_GAMMA + 1), which
+    # captures each one before any decode: the widths the policy picks are the widths it priced.
     from asr_app.decoding.costs import PINNED_ENV
-    from asr_app.decoding.gamma import CostAwareGamma, StepCosts
+    from asr_app.decoding.gamma import CostAwareGamma
 
     monkeypatch.delenv(PINNED_ENV, raising=False)
-    measured, lazy = decoder(tiny_pair, "emulate"), decoder(tiny_pair, "emulate")
+    measured = decoder(tiny_pair, "emulate")
     widths = CostAwareGamma.MAX_GAMMA + 1
     costs = measured.step_costs
     assert len(costs.widths) == widths and all(s > 0 for s in costs.widths)
+    captured = sorted(key[2] for key in measured._workspaces[(1, True)].runner.captured if key[0] == "target")
+    assert captured == list(range(1, widths + 1))
+    assert decoder(tiny_pair, "off").step_costs.widths == ()  # eager steps: two widths timed, a linear model
 
-    def target_widths(dec) -> list[int]:
-        return sorted(key[2] for key in dec._workspaces[(1, True)].runner.captured if key[0] == "target")
 
-    assert target_widths(measured) == list(range(1, widths + 1))
-    # GPU-like costs (a cheap draft, a flat target step): the policy drafts deep, and the length budget cuts
-    # the last steps short, so the decodes meet many widths; `lazy` (costs given, never measured) shows which
-    gpu_like = StepCosts(draft=0.05, target=1.0, per_token=0.0, widths=(1.0,) + (1.2,) * (widths - 1))
-    measured._step_costs = lazy._step_costs = gpu_like
+@pytest.mark.parametrize("batch, mode, timestamps", [(1, "exact", False), (3, "sigmoid", True), (2, "baseline", False)])
+def test_no_greedy_decode_captures_a_target_step_mid_loop(tiny_pair, batch, mode, timestamps):
+    # Captured lazily, each width the policy first picks mid-decode cost that decode two warm-up calls and a
+    # capture (and a Triton compile on a GPU): greedy `exact` ran slower than `off` on an H200 (docs/runtime.md).
+    # So the first greedy decode of a batch size and options captures every width first. Then the target
+    # steps captured for those options are exactly those widths: a width missing means the loop captured it
+    # lazily; an extra key means the loop's keys and the pre-capture's differ (and the loop captured its own).
+    from asr_app.decoding.gamma import CostAwareGamma, StepCosts
+
+    widths = CostAwareGamma.MAX_GAMMA + 1
+    dec = decoder(tiny_pair, "emulate")
+    # GPU-like costs (a cheap draft, a flat target step): the policy drafts deep, and the length budgets cut
+    # the last steps short, so the decodes meet many widths
+    dec._step_costs = StepCosts(draft=0.05, target=1.0, per_token=0.0, widths=(1.0,) + (1.2,) * (widths - 1))
+    eager = decoder(tiny_pair, "off")
     for seed, budget in ((1, 30), (2, 17), (3, 11)):
-        opts = DecodingOptions(mode="exact", max_new_tokens=budget)
-        got = [r.tokens for r in measured.decode_features(features(1) + seed, opts)]
-        assert got == [r.tokens for r in lazy.decode_features(features(1) + seed, opts)]
-    assert len(target_widths(lazy)) >= 2  # lazily, these decodes capture widths of their own
-    assert target_widths(measured) == list(range(1, widths + 1))  # measured: nothing new
+        opts = DecodingOptions(mode=mode, max_new_tokens=budget, timestamps=timestamps)
+        got = [r.tokens for r in dec.decode_features(features(batch) + seed, opts)]
+        assert got == [r.tokens for r in eager.decode_features(features(batch) + seed, opts)]
+    dec._step_costs = StepCosts(draft=1.0, target=1.0, per_token=0.5)  # drafting never pays: width-1 steps
+    assert dec.decode_features(features(batch) + 4, opts)[0].stats.drafted == 0
+    suffix = (mode, opts.temperature, opts.alpha, opts.beta, timestamps)
+    keys = [key for key in dec._workspaces[(batch, True)].runner.captured if key[0] == "target" and key[5:] == suffix]
+    assert sorted(key[2] for key in keys) == list(range(1, widths + 1))
 
 
 def test_step_costs_use_the_timed_width_where_there_is_one():

@@ -37,29 +37,37 @@ def _random_encoder_output(model, device, dtype) -> torch.Tensor:
 
 
 class StepTimer:
-    """Times one draft step and one target step of a chosen width for `decoder`, batch 1, greedy."""
+    """Times one draft step and one target step of a chosen width for `decoder`: by default batch 1, greedy
+    `exact`; for other rows or greedy options, the steps a decode of them runs (the same capture keys)."""
 
     @torch.inference_mode()
-    def __init__(self, decoder, repeats: int = 5) -> None:
+    def __init__(self, decoder, repeats: int = 5, batch: int = 1, options: DecodingOptions | None = None,
+                 prime: bool = True) -> None:
+        """`prime`: run the prompt's step first, so timed steps read a cache like a decode's (a capture alone
+        needs only the shapes)."""
         pair = decoder.pair
-        self.device, self.repeats = pair.device, repeats
-        hidden = _random_encoder_output(pair.target, self.device, pair.dtype)
+        self.options = options or DecodingOptions(mode="exact")
+        self.device, self.repeats, self.batch = pair.device, repeats, batch
+        hidden = _random_encoder_output(pair.target, self.device, pair.dtype).expand(batch, -1, -1).contiguous()
         draft_hidden = None
         if decoder.draft_runtime is not None:
             draft_hidden = (hidden.to(pair.draft_compute_dtype) if pair.shared_encoder
-                            else _random_encoder_output(pair.draft, self.device, pair.draft_compute_dtype))
+                            else _random_encoder_output(pair.draft, self.device, pair.draft_compute_dtype)
+                            .expand(batch, -1, -1).contiguous())
         self.ws = decoder._workspace(hidden, draft_hidden)
-        self.steps = Steps(decoder.target_runtime, decoder.draft_runtime, self.ws, decoder._rules_for(False, False),
-                           decoder._rules_for(False, True) if draft_hidden is not None else None,
-                           DecodingOptions(mode="exact"), None)
+        timestamps = self.options.timestamps
+        self.steps = Steps(decoder.target_runtime, decoder.draft_runtime, self.ws, decoder._rules_for(timestamps, False),
+                           decoder._rules_for(timestamps, True) if draft_hidden is not None else None,
+                           self.options, None)
         gc = decoder.generation_config
-        prompt = torch.tensor([[gc.decoder_start_token_id, gc.no_timestamps_token_id]], device=self.device)
-        decoder.target_runtime.step(self.ws.target, prompt)
-        if draft_hidden is not None:
-            decoder.draft_runtime.step(self.ws.draft, prompt)
+        prompt = torch.tensor([[gc.decoder_start_token_id, gc.no_timestamps_token_id]] * batch, device=self.device)
+        if prime:
+            decoder.target_runtime.step(self.ws.target, prompt)
+            if draft_hidden is not None:
+                decoder.draft_runtime.step(self.ws.draft, prompt)
         self.start = prompt.shape[1]
-        self.state = state_tensors(RuleState.initial(1, self.device))
-        self.tokens = torch.full((1, 64), 262, dtype=torch.long, device=self.device)  # " the": any text token
+        self.state = state_tensors(RuleState.initial(batch, self.device))
+        self.tokens = torch.full((batch, 64), 262, dtype=torch.long, device=self.device)  # " the": any text token
 
     def _timed(self, fn, chained: int = 1) -> float:
         """Median seconds per call of `fn`, run `chained` times in a row between two syncs."""
@@ -97,20 +105,21 @@ class StepTimer:
 
         def run():
             ws.draft.length = self.start
-            ws.runner.run(("draft", 1, 1, False, *steps.key), steps.draft_step, {"ids": self.tokens[:, :1], **self.state},
-                          self.start, 1, generated=1)
+            ws.runner.run(("draft", self.batch, 1, False, *steps.key), steps.draft_step,
+                          {"ids": self.tokens[:, :1], **self.state}, self.start, 1, generated=1)
         return run
 
     def target_call(self, width: int):
         """One target step over `width` tokens as the loop runs it, as a function of no arguments."""
         ws, steps = self.ws, self.steps
-        num_draft = torch.full((1,), width - 1, dtype=torch.long, device=self.device)
+        num_draft = torch.full((self.batch,), width - 1, dtype=torch.long, device=self.device)
+        mode = self.options.mode if width > 1 else "exact"  # a step without proposals verifies as `exact` (loop.py)
 
         def run():
             ws.target.length = self.start
-            ws.runner.run(("target", 1, width, width - 1, "exact", *steps.key), steps.target_step,
+            ws.runner.run(("target", self.batch, width, width - 1, mode, *steps.key), steps.target_step,
                           {"ids": self.tokens[:, :width], **self.state, "num_draft": num_draft}, self.start, width,
-                          proposals=width - 1, generated=1, mode="exact")
+                          proposals=width - 1, generated=1, mode=mode)
         return run
 
 
@@ -120,6 +129,16 @@ PINNED_ENV = "ASR_APP_STEP_COSTS"  # "draft,target,per_token" in seconds: fixed 
 def costs_pinned() -> bool:
     """Whether ASR_APP_STEP_COSTS fixes the costs: then gamma choices must repeat from decode to decode."""
     return bool(os.environ.get(PINNED_ENV))
+
+
+def capture_target_widths(decoder, batch: int, options: DecodingOptions, top_gamma: int) -> None:
+    """Capture the target step at every width up to `top_gamma` + 1 (the gammas the decode's policy can
+    choose), for `batch` rows decoded greedily with `options`, before a decode of them needs one (see the
+    module doc). Uses, and refills, the workspace of that batch size: call it before the decode loads its
+    window. Widths already captured are replayed once, which costs a step."""
+    timer = StepTimer(decoder, repeats=0, batch=batch, options=options, prime=False)
+    for width in range(1, top_gamma + 2):
+        timer.target_call(width)()
 
 
 def measure_step_costs(decoder, repeats: int = 5) -> StepCosts:

@@ -20,7 +20,7 @@ import torch
 from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS
 from asr_app.decoding.alignment import FRAMES_PER_SECOND, add_word_timestamps, alignment_heads
 from asr_app.decoding.context import encoder_input, lost_end_of_audio, token_cap
-from asr_app.decoding.costs import costs_pinned, measure_step_costs
+from asr_app.decoding.costs import capture_target_widths, costs_pinned, measure_step_costs
 from asr_app.decoding.gamma import (
     AcceptanceEstimate,
     AcceptanceMemory,
@@ -30,7 +30,7 @@ from asr_app.decoding.gamma import (
 )
 from asr_app.decoding.hf_mode import decode_hf
 from asr_app.decoding.hints import HintTracker
-from asr_app.decoding.loop import BatchState, SpeculativeLoop
+from asr_app.decoding.loop import MAX_CAPTURED_PROPOSALS, BatchState, SpeculativeLoop
 from asr_app.decoding.options import (
     SPECULATIVE_MODES,
     DecodingOptions,
@@ -252,6 +252,20 @@ class SpeculativeDecoder:
         memory = self._acceptance_memory
         return CostAwareGamma(self.step_costs, AcceptanceEstimate(prior=memory.value), memory)
 
+    def _capture_widths(self, batch: int, opts: DecodingOptions) -> None:
+        """On the first greedy decode of `batch` rows with these options, capture their target step at every
+        width the gamma policy may choose, so that no decode pays a capture mid-loop (decoding/costs.py)."""
+        if opts.gamma is not None:
+            top = min(opts.gamma, MAX_CAPTURED_PROPOSALS)
+        else:
+            top = CostAwareGamma.MAX_GAMMA if opts.gamma_policy == "cost" else MAX_CAPTURED_PROPOSALS
+        key = (opts.mode, opts.alpha, opts.beta, opts.timestamps)
+        ws = self._workspaces.get((batch, True))
+        if ws is not None and ws.widths_captured.get(key, -1) >= top:
+            return
+        capture_target_widths(self, batch, opts, top)
+        self._workspaces[(batch, True)].widths_captured[key] = top
+
     def _rules_for(self, timestamps: bool, draft: bool) -> WhisperLogitRules:
         """Rules per (timestamps, head): built once, so captured steps keep reading the same tensors."""
         key = (timestamps, draft)
@@ -332,6 +346,8 @@ class SpeculativeDecoder:
             max_len = min(max_len, token_cap(max(windows)))   # past it the row is redone over the whole window
 
         policy = self._gamma_policy(opts, speculative)  # first: measuring costs reuses the batch-1 workspace
+        if speculative and self.graph_mode != "eager" and opts.temperature == 0:
+            self._capture_widths(batch, opts)  # before this window is loaded: it refills the workspace
         t_begin = time.perf_counter()
         encoder_hidden, draft_hidden = self._encode(self._encoder_input(feats, opts, windows), speculative)
         draft_hidden = self._draft_view(draft_hidden, windows)
