@@ -55,12 +55,21 @@ def result_path(bench: str, device: str = "cpu") -> Path:
     return results_dir(device) / f"{bench}.json"
 
 
-def _commit() -> str | None:
+def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _commit() -> str | None:
+    """HEAD, with "+changes" where tracked files differ from it (a result of uncommitted code says so)."""
+    head = _git("rev-parse", "HEAD")
+    if not head:
+        return None
+    changed = _git("status", "--porcelain", "--untracked-files=no")
+    return f"{head}+changes" if changed else head
 
 
 def provenance(device: str = "cpu") -> dict:

@@ -75,7 +75,8 @@ def test_runtime_bench_projects_at_the_real_pairs_tokens_per_call_measured_in_th
     report = {"loops": {"ours exact (cuda graphs)": {"ms_per_token": 1.0, "tokens_per_target_call": 1.1}},
               "steps": {"graphs": steps},
               "real_tiny_en": {name: {"ms_per_token": 1.0, "e2e_ms_per_token": 2.0, "identical_to_off": True,
-                                      "tokens_per_target_call": tpc}
+                                      "tokens_per_target_call": tpc, "tokens": 10,
+                                      "samples_loop_s": [[0.01, 0.002], [0.02, 0.003]]}  # [clip][pass]
                                for name, tpc in (("ours exact (graphs)", 2.5), ("ours exact (graphs, gamma 2)", 2.99))}}
     runtime_bench.projections(report, 2)
     measured, what_if = report["projection"], report["projection_what_if"]
@@ -86,6 +87,7 @@ def test_runtime_bench_projects_at_the_real_pairs_tokens_per_call_measured_in_th
     text = runtime_bench.markdown({**report, "config": {"shape": "large-v2", "target_params_M": 1, "device": "GPU",
                                                         "dtype": "float16", "tokens": 8}, "verify_in_graph_us": None})
     assert "at 2.99 tokens per target call (measured in this run: real tiny.en" in text and "what-if" in text
+    assert "| 3.00 / 0.50 |" in text  # each pass over the clips: the first one's captures are not hidden
     del report["real_tiny_en"]  # without the real pair, the random pair's own figure, named as such
     runtime_bench.projections(report, 2)
     assert report["projection"]["tokens_per_call"] == 1.1 and "random-weight" in report["projection"]["source"]
@@ -165,3 +167,22 @@ def test_peers_bench_names_the_cpu_its_figures_came_from(monkeypatch):
         assert facts["model name"] and facts["cpu family"].isdigit()
     assert first.startswith(f"CPU: {facts.get('model name', facts['processor'])}")
     assert f"{facts['fp32 GFLOP/s']} GFLOP/s fp32" in first
+
+
+def test_a_result_names_its_commit_and_whether_the_code_had_changed(monkeypatch, tmp_path):
+    # A result measured on uncommitted code (as a lent GPU's runs often are) must not name a commit as its code.
+    report_io = import_bench(monkeypatch, "report_io.py")
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "a.py"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "a"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    monkeypatch.setattr(report_io, "REPO", tmp_path)
+    assert report_io._commit() == head
+    (tmp_path / "b.py").write_text("untracked\n")  # untracked files are not the measured code
+    assert report_io._commit() == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert report_io._commit() == f"{head}+changes"
+    monkeypatch.setattr(report_io, "REPO", tmp_path / "not-a-repo")
+    assert report_io._commit() is None

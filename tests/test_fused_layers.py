@@ -222,12 +222,39 @@ def test_fused_layers_are_refused_where_triton_cannot_run_them(monkeypatch):
         decoder_from_args(args)
 
 
-def test_fused_layers_are_the_default_only_where_steps_replay_cuda_graphs():
-    # The decision rule of docs/runtime.md ("Fused layers"): fused `off` measured faster than unfused `off` on a
-    # GPU and the GPU tests passed, so fused is the CUDA-graph default; a CPU never takes it unasked.
+def test_fused_layers_are_the_default_only_where_they_were_measured_faster(monkeypatch):
+    # The decision rule of docs/runtime.md ("Fused layers"): fused `off` measured faster than unfused `off` on an
+    # H200 (steps of 1 and 6 rows) and the GPU tests passed, so fused is the default there: CUDA graphs, a Hopper
+    # GPU, Triton installed, steps of at most AUTO_MAX_ROWS rows. A CPU never takes it unasked.
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    capability = {"value": (9, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability["value"])
     assert RuntimeOptions().use_fused_layers(cuda) and not RuntimeOptions().use_fused_layers(cpu)
-    assert not RuntimeOptions(cuda_graphs="off").use_fused_layers(cuda)  # eager GPU steps: as asked, unfused
+    assert RuntimeOptions().fused_max_rows() == fused.AUTO_MAX_ROWS
+    assert not RuntimeOptions(cuda_graphs="off").use_fused_layers(cuda)  # eager GPU steps: unfused unless asked
     assert not RuntimeOptions(cuda_graphs="emulate").use_fused_layers(cpu)
     assert not RuntimeOptions(fused_layers=False).use_fused_layers(cuda)
     assert RuntimeOptions(fused_layers=True).use_fused_layers(cpu)  # asked for: the interpreter (or a refusal)
+    assert RuntimeOptions(fused_layers=True).fused_max_rows() is None  # asked for: every step
+    capability["value"] = (8, 0)  # an A100: not measured
+    assert not RuntimeOptions().use_fused_layers(cuda)
+    capability["value"] = (9, 0)
+    monkeypatch.setattr(fused, "HAS_TRITON", False)  # a CUDA install without Triton: unfused, not an error
+    assert not RuntimeOptions().use_fused_layers(cuda)
+
+
+def test_steps_beyond_the_row_bound_run_unfused(tiny_en_pair):
+    # fused_max_rows: a step of more rows (batch x tokens) goes through the unfused layers, on the same weights
+    runtime = DecoderRuntime.from_model(tiny_en_pair.target, fused_layers=True, fused_max_rows=4)
+    calls = []
+    runtime._fused_layer = lambda x, *args: calls.append(("fused", x.shape[0] * x.shape[1])) or x
+    runtime._layer = lambda x, *args: calls.append(("unfused", x.shape[0] * x.shape[1])) or x
+    hidden = torch.zeros(2, 10, tiny_en_pair.target.config.d_model)
+    state = runtime.new_state(hidden)
+    for rows in ((1, 4), (2, 2), (1, 5), (2, 3)):
+        calls.clear()
+        ids = torch.zeros(rows, dtype=torch.long)
+        positions = torch.arange(rows[1])
+        runtime.forward(state, ids, positions, rows[1], None)
+        kind = "fused" if rows[0] * rows[1] <= 4 else "unfused"
+        assert calls == [(kind, rows[0] * rows[1])] * len(runtime.weights.layers), rows

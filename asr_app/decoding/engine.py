@@ -54,7 +54,8 @@ def draft_runtime(draft, head_ids: torch.Tensor | None, runtime: RuntimeOptions)
     `runtime.draft_matmul_dtype` where the device supports it (`ops.pack`)."""
     matmul_dtype = {"bfloat16": torch.bfloat16, "int8": torch.int8}.get(runtime.draft_matmul_dtype)
     fused = runtime.use_fused_layers(next(draft.parameters()).device)
-    return DecoderRuntime.from_model(draft, head_ids, runtime.packed_weights, matmul_dtype, fused)
+    return DecoderRuntime.from_model(draft, head_ids, runtime.packed_weights, matmul_dtype, fused,
+                                     runtime.fused_max_rows())
 
 
 class SpeculativeDecoder:
@@ -80,7 +81,9 @@ class SpeculativeDecoder:
             keep_freed_memory()
         packed = runtime.packed_weights
         self.target_encoder = EncoderRuntime.from_model(self.target, packed)
-        self.target_runtime = DecoderRuntime.from_model(self.target, packed=packed, fused_layers=runtime.use_fused_layers(pair.device))
+        self.target_runtime = DecoderRuntime.from_model(self.target, packed=packed,
+                                                        fused_layers=runtime.use_fused_layers(pair.device),
+                                                        fused_max_rows=runtime.fused_max_rows())
         self.draft_runtime = self.draft_encoder = None
         if self.draft is not None:
             head_ids = (draft_vocabulary(self.tokenizer, self.vocab, self.eos, runtime.draft_vocab)
@@ -259,12 +262,14 @@ class SpeculativeDecoder:
             top = min(opts.gamma, MAX_CAPTURED_PROPOSALS)
         else:
             top = CostAwareGamma.MAX_GAMMA if opts.gamma_policy == "cost" else MAX_CAPTURED_PROPOSALS
-        key = (opts.mode, opts.alpha, opts.beta, opts.timestamps)
+        if top + 1 > self.runtime.max_graphs:
+            return  # the captures would evict one another
         ws = self._workspaces.get((batch, True))
-        if ws is not None and ws.widths_captured.get(key, -1) >= top:
-            return
-        capture_target_widths(self, batch, opts, top)
-        self._workspaces[(batch, True)].widths_captured[key] = top
+        suffix = (opts.mode, opts.temperature, opts.alpha, opts.beta, opts.timestamps)  # Steps.key
+        keys = [("target", batch, width, width - 1, opts.mode if width > 1 else "exact", *suffix)
+                for width in range(1, top + 2)]  # the loop's (loop._replay_target)
+        if ws is None or any(key not in ws.runner.captured for key in keys):  # new, or some were evicted since
+            capture_target_widths(self, batch, opts, top)
 
     def _rules_for(self, timestamps: bool, draft: bool) -> WhisperLogitRules:
         """Rules per (timestamps, head): built once, so captured steps keep reading the same tensors."""
@@ -346,7 +351,7 @@ class SpeculativeDecoder:
             max_len = min(max_len, token_cap(max(windows)))   # past it the row is redone over the whole window
 
         policy = self._gamma_policy(opts, speculative)  # first: measuring costs reuses the batch-1 workspace
-        if speculative and self.graph_mode != "eager" and opts.temperature == 0:
+        if speculative and self.graph_mode != "eager" and opts.temperature == 0 and not opts.profile_verify:
             self._capture_widths(batch, opts)  # before this window is loaded: it refills the workspace
         t_begin = time.perf_counter()
         encoder_hidden, draft_hidden = self._encode(self._encoder_input(feats, opts, windows), speculative)

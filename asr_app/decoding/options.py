@@ -63,7 +63,7 @@ class RuntimeOptions:
     max_workspaces: int = 4              # batch sizes whose caches and graphs stay allocated (graphs only)
     # Captured steps each workspace keeps (graphs only; the least recently used goes to make room): keys
     # multiply by batch x gamma x mode x temperature x timestamps. runtime.graphs.DEFAULT_MAX_GRAPHS.
-    max_graphs: int = 64
+    max_graphs: int = 128
     # Projection weights pre-packed for oneDNN on a CPU in fp32 (runtime.ops.pack), and the encoder's attention
     # through oneDNN (runtime.ops.full_attention): a faster encoder and output layer, for a second copy of the
     # encoder's and decoders' matrices in memory. False: PyTorch's own products on the models' own weights.
@@ -83,9 +83,10 @@ class RuntimeOptions:
     # keep the whole window (their shapes are fixed).
     draft_audio_margin_s: float | None = 1.0
     # Each decoder layer (target and draft) through the fused Triton kernels of runtime.fused: a layer's
-    # norms, biases, GELU, residual adds and cache writes inside its projections' launches. None: on where
-    # steps replay CUDA graphs (faster there, measured: docs/runtime.md, "Fused layers"), off elsewhere (a CPU
-    # runs Triton only in its interpreter). Changes speed, and values to float rounding.
+    # norms, biases, GELU, residual adds and cache writes inside its projections' launches. True: every step;
+    # None: where it was measured faster (docs/runtime.md, "Fused layers"): steps of at most
+    # fused.AUTO_MAX_ROWS rows replayed from CUDA graphs on a Hopper GPU with Triton; False, or a CPU unasked
+    # (Triton runs there only in its interpreter): never. Changes speed, and values to float rounding.
     fused_layers: bool | None = None
 
     def __post_init__(self) -> None:
@@ -102,8 +103,19 @@ class RuntimeOptions:
             raise ValueError(f"draft_vocab must be a positive token count or None, got {self.draft_vocab}")
 
     def use_fused_layers(self, device) -> bool:
-        """Whether decoder layers run fused on `device` (`fused_layers`, or its default there)."""
-        return self.fused_layers if self.fused_layers is not None else self.graph_mode(device) == "cuda"
+        """Whether decoder layers run fused on `device` (`fused_layers`, or its default there), for steps of
+        at most `fused_max_rows()` rows."""
+        if self.fused_layers is not None:
+            return self.fused_layers
+        from asr_app.runtime import fused
+
+        return self.graph_mode(device) == "cuda" and fused.default_on(device)
+
+    def fused_max_rows(self) -> int | None:
+        """Rows (batch x tokens) per step up to which fused layers run: every step when asked for."""
+        from asr_app.runtime import fused
+
+        return None if self.fused_layers else fused.AUTO_MAX_ROWS
 
     def graph_mode(self, device) -> str:
         if self.cuda_graphs == "emulate":

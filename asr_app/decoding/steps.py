@@ -11,7 +11,7 @@ temperature) is part of the key the runner captures them under.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -29,9 +29,6 @@ class Workspace:
     target: DecoderState
     draft: DecoderState | None
     runner: StepRunner
-    # greedy options -> the largest gamma whose target steps are captured at every width up to it
-    # (costs.capture_target_widths)
-    widths_captured: dict[tuple, int] = field(default_factory=dict)
 
 
 def choose(logits: torch.Tensor, temperature: float, uniform: torch.Tensor | None) -> torch.Tensor:

@@ -51,26 +51,30 @@ class DecoderState:
 class DecoderRuntime:
     """A Whisper decoder (target or draft) run step by step by our own code, not transformers' modules."""
 
-    def __init__(self, weights: DecoderWeights, head: OutputHead | None = None, fused_layers: bool = False) -> None:
+    def __init__(self, weights: DecoderWeights, head: OutputHead | None = None, fused_layers: bool = False,
+                 fused_max_rows: int | None = None) -> None:
         self.weights = weights
         self.head = head or OutputHead.full(weights.output)
         self.fused_layers = fused_layers
+        self.fused_max_rows = fused_max_rows  # larger steps run unfused; None: every step fused
 
     @classmethod
     def from_model(cls, model, head_ids: torch.Tensor | None = None, packed: bool = True,
-                   packed_dtype: torch.dtype | None = None, fused_layers: bool = False) -> DecoderRuntime:
+                   packed_dtype: torch.dtype | None = None, fused_layers: bool = False,
+                   fused_max_rows: int | None = None) -> DecoderRuntime:
         """The runtime of `model`'s decoder; `head_ids`: score only these token ids (a reduced head);
         `packed`: weights pre-packed where that is faster (`ops.pack`), in `packed_dtype` where given
         and supported (a draft's matrices in bf16; activations, caches and attention keep the model's
         dtype). `fused_layers`: each layer through the fused Triton kernels (`runtime.fused`; a GPU, or
-        Triton's interpreter), on the model's own weights (no packing)."""
+        Triton's interpreter), on the model's own weights (no packing), for steps of at most `fused_max_rows`
+        rows (batch x tokens; None: all), the larger ones through the unfused layers on the same weights."""
         if fused_layers:
             fused.check_supported(next(model.parameters()).device)
             packed = False
         weights = decoder_weights(model, packed, packed_dtype)
         head = (OutputHead.full(weights.output, packed, packed_dtype) if head_ids is None
                 else OutputHead.subset(weights.output, head_ids, packed, packed_dtype))
-        return cls(weights, head, fused_layers)
+        return cls(weights, head, fused_layers, fused_max_rows)
 
     @property
     def max_positions(self) -> int:
@@ -117,7 +121,8 @@ class DecoderRuntime:
         if w.embed_scale != 1.0:
             x = x * w.embed_scale
         x = x + w.embed_positions[positions]
-        layer_step = self._fused_layer if self.fused_layers else self._layer
+        fused = self.fused_layers and (self.fused_max_rows is None or ids.numel() <= self.fused_max_rows)
+        layer_step = self._fused_layer if fused else self._layer
         for i, layer in enumerate(w.layers):
             x = layer_step(x, layer, state, i, positions, span, mask, probe)
         return layer_norm(x, w.final_norm, w.eps)

@@ -296,6 +296,18 @@ def linear_reference(x, weight, bias, *, norm=None, eps=1e-5, activation=None, r
     return out if residual is None else (residual.float() + out.float()).to(residual.dtype)
 
 
+# Where fused layers are the default (RuntimeOptions.fused_layers None): what was measured faster than the
+# unfused step (docs/runtime.md, "Fused layers"): steps of at most this many rows (one and six measured), on
+# Hopper GPUs (an H200), with Triton installed. Beyond, the unfused step, whose products are cuBLAS's.
+AUTO_MAX_ROWS = 8
+AUTO_MIN_CAPABILITY = (9, 0)
+
+
+def default_on(device: torch.device) -> bool:
+    """Whether fused layers are the default on this CUDA device (see AUTO_MAX_ROWS)."""
+    return HAS_TRITON and torch.cuda.get_device_capability(device) >= AUTO_MIN_CAPABILITY
+
+
 def check_supported(device: torch.device) -> None:
     """Fused layers run where Triton does: a CUDA GPU, or Triton's CPU interpreter (tests)."""
     if not HAS_TRITON:

@@ -39,7 +39,9 @@ StepFn = Callable[..., dict[str, torch.Tensor]]
 # Captured keys a workspace keeps; beyond it the least recently used goes (a recapture costs two warm-up
 # calls and a capture). Counted on the real tiny.en pair, batch 1, 3 clips: one mode with timestamps on and
 # off at T = 0 and 0.6 makes 39 keys (drafts, prompt steps, target steps at gammas 1-13); all four modes so, 95.
-DEFAULT_MAX_GRAPHS = 64
+# A greedy decode captures its options' 13 target widths up front (engine._capture_widths): three speculative
+# modes with timestamps on and off are 78 keys before drafts and prompt steps.
+DEFAULT_MAX_GRAPHS = 128
 
 
 class HostReadError(RuntimeError):
