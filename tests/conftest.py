@@ -33,6 +33,10 @@ os.environ.setdefault("ASR_APP_STEP_COSTS", "0.0019,0.0067,0.00105")
 for _name, _value in (("health_check_period_ms", "3000"), ("health_check_timeout_ms", "30000"),
                       ("health_check_failure_threshold", "20")):
     os.environ.setdefault(f"RAY_{_name}", _value)
+# Likewise Ray Serve's proxy: its readiness check allows 5 s, three misses and Serve kills the proxy, and
+# asr-serve --engine ray stops with "the service did not start" (seen once, 2026-11-26, with a third
+# process competing for the two cores). Serve reads this from the environment of the Ray it runs in.
+os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30")
 # Two xdist workers on two cores: one torch thread each, or four threads would take turns on two cores.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
