@@ -239,7 +239,8 @@ def main(argv=None) -> None:
                          "modes": args.modes, "repeats": args.repeats, "max_new_tokens": args.tokens,
                          "threads": torch.get_num_threads(), "dtype": str(work.pair.dtype).removeprefix("torch."),
                          "greedy": True, "gamma": "cost-aware policy (default)",
-                         "fused_layers": work.decoder.target_runtime.fused_layers},
+                         "fused_layers": work.decoder.target_runtime.fused_layers,
+                         "fused_max_rows": work.decoder.target_runtime.fused_max_rows},  # wider steps: unfused
               "rows": measure(work, args.modes, args.batch, args.repeats)}
     # a shared machine's other work shows here (a 2-core VM at load 5 runs everything slower)
     report["config"]["loadavg_before_after"] = [load_before[0], os.getloadavg()[0]]

@@ -24,7 +24,7 @@ import torch
 from asr_app.decoding.gamma import CostAwareGamma, StepCosts
 from asr_app.decoding.options import DecodingOptions
 from asr_app.decoding.rules import RuleState
-from asr_app.decoding.steps import Steps, state_tensors
+from asr_app.decoding.steps import Steps, options_key, state_tensors, target_key
 
 GAMMA = 5  # the wider target step measured: its cost over the 1-token step gives the per-token slope
 DRAFT_CHAIN = 4  # draft steps timed in a row (a typical step's drafts)
@@ -113,11 +113,12 @@ class StepTimer:
         """One target step over `width` tokens as the loop runs it, as a function of no arguments."""
         ws, steps = self.ws, self.steps
         num_draft = torch.full((self.batch,), width - 1, dtype=torch.long, device=self.device)
-        mode = self.options.mode if width > 1 else "exact"  # a step without proposals verifies as `exact` (loop.py)
+        key = width_key(self.batch, width, self.options)
+        mode = key[4]  # the verification mode width_key chose
 
         def run():
             ws.target.length = self.start
-            ws.runner.run(("target", self.batch, width, width - 1, mode, *steps.key), steps.target_step,
+            ws.runner.run(key, steps.target_step,
                           {"ids": self.tokens[:, :width], **self.state, "num_draft": num_draft}, self.start, width,
                           proposals=width - 1, generated=1, mode=mode)
         return run
@@ -131,13 +132,24 @@ def costs_pinned() -> bool:
     return bool(os.environ.get(PINNED_ENV))
 
 
+def width_key(batch: int, width: int, options: DecodingOptions) -> tuple:
+    """The loop's capture key of a target step over the pending token and width - 1 drafts: a step without
+    drafts verifies as `exact` (loop.score_and_verify)."""
+    mode = options.mode if width > 1 else "exact"
+    return target_key(batch, width, width - 1, mode, options_key(options))
+
+
 def capture_target_widths(decoder, batch: int, options: DecodingOptions, top_gamma: int) -> None:
     """Capture the target step at every width up to `top_gamma` + 1 (the gammas the decode's policy can
-    choose), for `batch` rows decoded greedily with `options`, before a decode of them needs one (see the
-    module doc). Uses, and refills, the workspace of that batch size: call it before the decode loads its
-    window. Widths already captured are replayed once, which costs a step."""
+    choose) for `batch` rows decoded greedily with `options`, unless the workspace of that batch size holds
+    them all already (see the module doc). Uses, and refills, that workspace: call it before the decode
+    loads its window."""
+    widths = range(1, top_gamma + 2)
+    ws = decoder._workspaces.get((batch, True))
+    if ws is not None and all(width_key(batch, w, options) in ws.runner.captured for w in widths):
+        return
     timer = StepTimer(decoder, repeats=0, batch=batch, options=options, prime=False)
-    for width in range(1, top_gamma + 2):
+    for width in widths:
         timer.target_call(width)()
 
 

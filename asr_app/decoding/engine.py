@@ -255,20 +255,12 @@ class SpeculativeDecoder:
         memory = self._acceptance_memory
         return CostAwareGamma(self.step_costs, AcceptanceEstimate(prior=memory.value), memory)
 
-    def _capture_widths(self, batch: int, opts: DecodingOptions) -> None:
-        """On the first greedy decode of `batch` rows with these options, capture their target step at every
-        width the gamma policy may choose, so that no decode pays a capture mid-loop (decoding/costs.py)."""
-        if opts.gamma is not None:
-            top = min(opts.gamma, MAX_CAPTURED_PROPOSALS)
-        else:
-            top = CostAwareGamma.MAX_GAMMA if opts.gamma_policy == "cost" else MAX_CAPTURED_PROPOSALS
-        if top + 1 > self.runtime.max_graphs:
-            return  # the captures would evict one another
-        ws = self._workspaces.get((batch, True))
-        suffix = (opts.mode, opts.temperature, opts.alpha, opts.beta, opts.timestamps)  # Steps.key
-        keys = [("target", batch, width, width - 1, opts.mode if width > 1 else "exact", *suffix)
-                for width in range(1, top + 2)]  # the loop's (loop._replay_target)
-        if ws is None or any(key not in ws.runner.captured for key in keys):  # new, or some were evicted since
+    def _capture_widths(self, batch: int, opts: DecodingOptions, policy) -> None:
+        """Before a greedy decode of `batch` rows, capture their target step at every width `policy` may
+        choose that the workspace lacks (new, or evicted since), so that no decode pays a capture mid-loop
+        (decoding/costs.py). Wider steps than MAX_CAPTURED_PROPOSALS run eagerly anyway."""
+        top = min(policy.max_gamma or MAX_CAPTURED_PROPOSALS, MAX_CAPTURED_PROPOSALS)
+        if top + 1 <= self.runtime.max_graphs:  # else the captures would evict one another
             capture_target_widths(self, batch, opts, top)
 
     def _rules_for(self, timestamps: bool, draft: bool) -> WhisperLogitRules:
@@ -352,7 +344,7 @@ class SpeculativeDecoder:
 
         policy = self._gamma_policy(opts, speculative)  # first: measuring costs reuses the batch-1 workspace
         if speculative and self.graph_mode != "eager" and opts.temperature == 0 and not opts.profile_verify:
-            self._capture_widths(batch, opts)  # before this window is loaded: it refills the workspace
+            self._capture_widths(batch, opts, policy)  # before this window is loaded: it refills the workspace
         t_begin = time.perf_counter()
         encoder_hidden, draft_hidden = self._encode(self._encoder_input(feats, opts, windows), speculative)
         draft_hidden = self._draft_view(draft_hidden, windows)

@@ -28,6 +28,11 @@ class GammaPolicy:
         self.fixed = fixed
         self.current = fixed if fixed is not None else self.START
 
+    @property
+    def max_gamma(self) -> int | None:
+        """The most drafts a step may take: the fixed gamma; None where the schedule has no bound."""
+        return self.fixed
+
     def next(self, cap: int) -> int:
         """Gamma for the coming step, capped by what the length budget allows (may be 0)."""
         return max(0, min(self.current, cap))
@@ -103,6 +108,7 @@ class CostAwareGamma:
 
     MAX_GAMMA = 12
     PROBE_EVERY = 16  # after this many target-only steps, draft one token to re-measure acceptance
+    max_gamma = MAX_GAMMA
 
     def __init__(self, costs: StepCosts, acceptance: AcceptanceEstimate,
                  memory: AcceptanceMemory | None = None) -> None:

@@ -43,7 +43,7 @@ import torch
 from asr_app.decoding.hints import HintTracker
 from asr_app.decoding.options import SPECULATIVE_MODES, DecodingOptions, DecodingStats
 from asr_app.decoding.rules import RuleState
-from asr_app.decoding.steps import Steps, no_speech_probability, rules_count, state_tensors
+from asr_app.decoding.steps import Steps, no_speech_probability, rules_count, state_tensors, target_key
 
 # Shapes captured in CUDA graphs (a workspace keeps at most RuntimeOptions.max_graphs, so only shapes that
 # recur): a step's proposals (the gamma policy's at most 12; longer hint steps run eagerly) and a prompt
@@ -255,7 +255,7 @@ class SpeculativeLoop:
                                   sot_index=self.sot_index, no_speech_id=self.no_speech_id)
             b.no_speech = out["no_speech"].clone()  # a graph's outputs are reused
         else:
-            key = ("target", ids.shape[0], length, gamma, mode, *steps.key)
+            key = target_key(ids.shape[0], length, gamma, mode, steps.key)
             out = self.runner.run(key, steps.target_step, tensors, start, length, proposals=gamma,
                                   generated=rules_count(b.generated), mode=mode)
         ws.target.length = start + length

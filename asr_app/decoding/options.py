@@ -107,6 +107,7 @@ class RuntimeOptions:
         at most `fused_max_rows()` rows."""
         if self.fused_layers is not None:
             return self.fused_layers
+        # imported here: this module loads without torch (asr_app/decoding/__init__.py)
         from asr_app.runtime import fused
 
         return self.graph_mode(device) == "cuda" and fused.default_on(device)

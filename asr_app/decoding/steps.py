@@ -57,6 +57,17 @@ def rule_state(generated: int, last_is_ts, penult_is_ts, last_ts) -> RuleState:
     return RuleState(generated, last_is_ts, penult_is_ts, last_ts)
 
 
+def options_key(options: DecodingOptions) -> tuple:
+    """What a captured step bakes in of the decoding options (rules objects are cached per timestamps setting)."""
+    return (options.mode, options.temperature, options.alpha, options.beta, options.timestamps)
+
+
+def target_key(batch: int, length: int, proposals: int, mode: str, options: tuple) -> tuple:
+    """The capture key of a target step over `length` tokens, the last `proposals` of them proposed, verified
+    in `mode`, under `options_key(...)` = `options`: the loop's, the step timer's and the pre-capture's."""
+    return ("target", batch, length, proposals, mode, *options)
+
+
 def state_tensors(state: RuleState) -> dict[str, torch.Tensor]:
     return {"last_is_ts": state.last_is_ts, "penult_is_ts": state.penult_is_ts, "last_ts": state.last_ts}
 
@@ -70,8 +81,7 @@ class Steps:
         self.target, self.draft, self.ws = target, draft, workspace
         self.target_rules, self.draft_rules = target_rules, draft_rules
         self.options = options
-        # what a captured step bakes in besides its shapes (rules objects are cached per timestamps setting)
-        self.key = (options.mode, options.temperature, options.alpha, options.beta, options.timestamps)
+        self.key = options_key(options)  # what a captured step bakes in besides its shapes
         self.generator = generator  # only mode baseline draws from it inside a step (never captured)
 
     def draft_step(self, *, positions, span, mask, ids, last_is_ts, penult_is_ts, last_ts, uniform=None,
