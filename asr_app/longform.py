@@ -10,11 +10,14 @@ Temperature fallback, also as Whisper does it: a window whose text is a repetiti
 compression ratio above 2.4) or whose mean log-probability is below -1 is decoded again at
 temperatures 0.2, 0.4, ... 1.0 until it passes; a window judged silent is not retried. After a
 window decoded above T = 0.5 the previous text is no longer passed as prompt (it may be the loop).
+At T > 0 each round of windows and each retry of a window draws from its own seed, derived from the
+job's (`decoding.seeds.reseeded`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -36,6 +39,7 @@ from asr_app.audio import (
 from asr_app.decoding.alignment import attach_words, shift_words
 from asr_app.decoding.options import DecodingOptions, DecodingResult, DecodingStats, Segment
 from asr_app.decoding.protocol import Decoder
+from asr_app.decoding.seeds import reseeded
 from asr_app.decoding.silence import LOGPROB_THRESHOLD, NO_SPEECH_THRESHOLD, judged_silent
 from asr_app.decoding.text import SECONDS_PER_TIMESTAMP, compression_ratio
 from asr_app.transcript import Transcript
@@ -94,6 +98,10 @@ class _LongForm:
         if self._window is None or self._window[0] != self.seek:
             self._window = (self.seek, self.audio.window(self.seek, WINDOW_SAMPLES))
         return self._window[1]
+
+    def place(self) -> tuple[str, int]:
+        """Where the current window sits, for the seed of its retries (`reseeded`): file and sample offset."""
+        return self.source, self.seek
 
     def prompt(self, options: TranscribeOptions) -> list[int] | None:
         """The initial prompt's tokens (if any), then the latest tokens of the previous windows with their
@@ -171,7 +179,7 @@ def _unless_dropped_for_its_prompt(decoder: Decoder, job: _LongForm, result: Dec
         return result
     started = time.perf_counter()
     try:
-        retry = decoder.decode([job.window()], decoding, prompts=[None])[0]
+        retry = decoder.decode([job.window()], reseeded(decoding, *job.place(), "without prompt"), prompts=[None])[0]
     except Exception:  # noqa: BLE001 - the window already has a result
         return result
     finally:
@@ -204,7 +212,8 @@ def _with_fallback(decoder: Decoder, job: _LongForm, result: DecodingResult, dec
             break
         started = time.perf_counter()
         try:
-            retry = dataclasses.replace(decoding, temperature=retry_temperature)
+            retry = reseeded(dataclasses.replace(decoding, temperature=retry_temperature), *job.place(), "fallback",
+                             retry_temperature)
             result = decoder.decode([job.window()], retry, prompts=[job.prompt(options)])[0]
         except Exception:  # noqa: BLE001 - the window already has a result; keep it rather than fail the file
             break
@@ -299,7 +308,7 @@ def transcribe_many(decoder: Decoder, items: Iterable[tuple[Any, str | Path | np
         if on_progress:
             on_progress((min(job.seek, job.total) - before) / SAMPLE_RATE)
 
-    pending, active = iter(items), []
+    pending, active, rounds = iter(items), [], itertools.count()
     while True:
         while len(active) < max(1, options.batch_size):
             item = next(pending, None)
@@ -325,12 +334,13 @@ def transcribe_many(decoder: Decoder, items: Iterable[tuple[Any, str | Path | np
                 progress(job, before)
             else:
                 audible.append(job)
-        for job, outcome in _decode_round(decoder, audible, decoding, options) if audible else ():
+        round_decoding = reseeded(decoding, "round", next(rounds))
+        for job, outcome in _decode_round(decoder, audible, round_decoding, options) if audible else ():
             if isinstance(outcome, Exception):
                 failed[id(job)] = outcome
                 continue
             before, known = job.seek, len(job.segments)
-            _decoded(job, outcome[0], decoder, decoding, options, ts_begin, decode_text)
+            _decoded(job, outcome[0], decoder, round_decoding, options, ts_begin, decode_text)
             progress(job, before)
             if on_segments is not None and len(job.segments) > known:
                 on_segments(job.key, job.segments[known:])

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -103,6 +106,12 @@ def test_study_end_to_end(tmp_path, tiny_en_pair, capsys):
         assert all(it["verify_calls"] > 0 and it["verify_s"] > 0 for it in mine)
         assert 0 <= figures[label]["acceptance"] <= 1 and figures[label]["tokens_per_call"] >= 1
     assert (figures["sigmoid"]["alpha"], figures["sigmoid"]["beta"], figures["exact"]["alpha"]) == (-3, 3, None)
+    # "untranscribed" is the same audio as SHORT_IDS[1]: with one stream per seed for every clip its items
+    # would repeat that clip's exactly; each clip draws its own stream.
+    twin = {(it["label"], it["seed"]): it for it in items if it["clip"] == SHORT_IDS[1]}
+    counts = lambda it: (it["hypothesis"], it["drafted"], it["accepted"], it["target_calls"])  # noqa: E731
+    assert study["seed_streams"] == "per-clip"
+    assert any(counts(it) != counts(twin[(it["label"], it["seed"])]) for it in items if it["clip"] == "untranscribed")
     [comp] = study["comparisons"]
     assert (comp["label"], comp["against"], comp["pairs"]) == ("sigmoid", "exact", 6)
     assert comp["delta_wer"] == pytest.approx(figures["sigmoid"]["wer"] - figures["exact"]["wer"])
@@ -114,9 +123,11 @@ def test_study_end_to_end(tmp_path, tiny_en_pair, capsys):
     decoder = SpeculativeDecoder(tiny_en_pair)
     item = next(it for it in items if it["label"] == "sigmoid" and it["clip"] == "untranscribed" and it["seed"] == 1)
     from asr_app.audio import load_audio
+    from asr_app.decoding.seeds import reseeded
     from asr_app.wer import english_normalizer, spelling_map_from_dir
 
-    options = DecodingOptions(mode="sigmoid", temperature=1.0, seed=1, gamma=3, max_new_tokens=24, alpha=-3, beta=3)
+    options = reseeded(DecodingOptions(mode="sigmoid", temperature=1.0, seed=1, gamma=3, max_new_tokens=24,
+                                       alpha=-3, beta=3), "untranscribed")  # the clip's own stream
     audio = load_audio(short)
     plain = decoder.decode([audio], options=options)[0].text
     with shared_encoder_outputs(decoder) as memos:
@@ -124,6 +135,30 @@ def test_study_end_to_end(tmp_path, tiny_en_pair, capsys):
         memo = decoder.decode([audio], options=options)[0].text
     assert memos[0].reuses == 1
     assert memo == plain and english_normalizer(spelling_map_from_dir(TINY_EN_DIR))(plain) == item["hypothesis"]
+
+
+def test_seed_permutation_test_and_derived_seeds():
+    from asr_app.decoding import DecodingOptions
+    from asr_app.decoding.seeds import derive_seed, reseeded
+    from asr_app.eval.significance import seed_permutation_pvalue
+
+    a = [0.30, 0.25, 0.41, 0.28, 0.33, 0.36, 0.29, 0.31, 0.27, 0.35]
+    assert seed_permutation_pvalue(a, a) == 1.0
+    assert seed_permutation_pvalue([x + 0.05 for x in a], a) == pytest.approx(2 / 1024)  # every seed worse
+    noisy = [x + d for x, d in zip(a, (0.01, -0.02, 0.015, -0.01, 0.0, 0.02, -0.015, 0.01, -0.01, 0.005))]
+    assert seed_permutation_pvalue(noisy, a) > 0.3
+    assert seed_permutation_pvalue([1.0], [0.0]) is None
+    # derived seeds: distinct per place, stable across processes (not Python's salted hash)
+    seeds = {derive_seed(0, clip) for clip in ("jfk", "1089-134686-0000", "de", "fr")} | {derive_seed(1, "jfk")}
+    assert len(seeds) == 5 and all(0 <= s < 2**63 for s in seeds)
+    code = "from asr_app.decoding.seeds import derive_seed; print(derive_seed(0, 'jfk', 3))"
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": h}).stdout for h in ("1", "2")}
+    assert outs == {f"{derive_seed(0, 'jfk', 3)}\n"}
+    greedy = DecodingOptions(seed=5)
+    assert reseeded(greedy, "jfk") is greedy  # draws nothing: options unchanged (they can share a batch)
+    sampled = DecodingOptions(seed=5, temperature=0.6)
+    assert reseeded(sampled, "jfk").seed == derive_seed(5, "jfk") != reseeded(sampled, "de").seed
 
 
 def test_study_options_are_checked(capsys):
@@ -161,7 +196,13 @@ def _merged_parts_are_one_study(out, tmp_path, study: dict, items: list[dict]) -
     for figure in whole["figures"]:   # the same items twice: the same rates, twice the pairs
         assert figure["wer"] == pytest.approx(before[figure["label"]]["wer"])
     assert [c["pairs"] for c in whole["comparisons"]] == [12]
+    assert whole["seed_streams"] == "per-clip" and 0 < whole["comparisons"][0]["seed_wer_pvalue"] <= 1
     assert tool.main([str(out), str(out), "--out", str(tmp_path / "twice")]) == 2          # a seed counted twice
     (later / "study.json").write_text(json.dumps({**json.loads((later / "study.json").read_text()),
                                                   "temperatures": [0.6]}))
     assert tool.main([str(out), str(later), "--out", str(tmp_path / "other")]) == 2         # not one study
+    older = json.loads((out / "study.json").read_text())
+    del older["seed_streams"]  # a study written before each clip had its own stream
+    (later / "study.json").write_text(json.dumps({**older, "seeds": [2, 3]}))
+    assert read_study(later)[0].seed_streams == "shared"
+    assert tool.main([str(out), str(later), "--out", str(tmp_path / "mixed")]) == 2         # shared + per-clip

@@ -212,16 +212,17 @@ def test_fallback_rule_flags_loops_and_improbable_text_but_not_silence():
 
 
 class RecordingDecoder:
-    """The real decoder, recording each decode's temperature and prompt."""
+    """The real decoder, recording each decode's temperature and prompt (`calls`) and seed (`seeds`)."""
 
     def __init__(self, inner):
-        self.inner, self.calls = inner, []
+        self.inner, self.calls, self.seeds = inner, [], []
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def decode(self, audio, options=None, prompts=None, hints=None):
         self.calls.append((options.temperature, list(prompts or [])))
+        self.seeds.append(options.seed)
         return self.inner.decode(audio, options, prompts, hints)
 
 
@@ -247,6 +248,11 @@ def test_temperature_fallback_retries_then_drops_the_prompt(decoder):
     assert len(kept) == 2 and set(kept) <= set(schedule)
     assert (forced.calls[len(schedule)][1] == [None]) == (kept[0] > 0.5)
     assert result.stats["temperature_fallbacks"] == 4
+    # Greedy decodes keep the seed; every sampled retry draws its own stream: one seed for all would give
+    # window 2's retry at T = 0.4 the uniforms of window 1's.
+    assert [forced.seeds[i] for i in (0, 3)] == [1, 1]
+    sampled = [forced.seeds[i] for i in (1, 2, 4, 5)]
+    assert len(set(sampled)) == 4 and 1 not in sampled
     assert TranscribeOptions().temperature_fallback == (0.2, 0.4, 0.6, 0.8, 1.0)   # Whisper's, by default
     assert result.text and plain.stats["temperature_fallbacks"] == 0
     # sampling at T = 1 from tiny.en still transcribes this clean speech roughly

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS, AudioLoadError, load_audio, prepare_audio
 from asr_app.decoding.options import MODES, SPECULATIVE_MODES, DecodingOptions, DecodingStats
 from asr_app.decoding.protocol import Decoder
+from asr_app.decoding.seeds import reseeded
 from asr_app.eval.datasets import Utterance
 from asr_app.eval.metrics import ModeRun, ModeSummary, UtteranceRecord, add_verify_deltas, summarize_mode
 from asr_app.eval.profiling import CPU_CLOCK, PeakMemory, profile_verify_step
@@ -146,7 +147,9 @@ def run_evaluation(
             warmed += 1
         for spec in specs:
             bar.set_postfix_str(f"{utt.id} {spec.label}", refresh=False)
-            run, run_clock = _decode_one(decoder, audio, spec, profile, clock, memory, normalizer)
+            # At T > 0 each clip its own random stream (the same for every mode: modes stay paired per clip).
+            clip_spec = dataclasses.replace(spec, options=reseeded(spec.options, utt.id))
+            run, run_clock = _decode_one(decoder, audio, clip_spec, profile, clock, memory, normalizer)
             if run_clock is not None:
                 verify_clock = run_clock
             record.runs[spec.label] = run

@@ -5,6 +5,10 @@ Two views, because the items are not independent (the seeds of one clip share it
   the same item? Cheap and robust to the skewed error counts of short clips.
 - a bootstrap over clips (whole clips resampled with every seed they hold): a 95% interval for the
   corpus-WER difference that respects the clustering, which the Wilcoxon test does not.
+- a sign-flip permutation test over seeds (`seed_permutation_pvalue`): each seed's corpus figure (WER,
+  acceptance) for one mode against the other's. The only valid test where one seed gave every clip the same
+  random stream (studies run before `decoding.seeds.derive_seed`): the clips of one seed are then not
+  independent, the seeds are.
 """
 
 from __future__ import annotations
@@ -50,3 +54,20 @@ def clip_bootstrap_ratio(numerators: np.ndarray, denominators: np.ndarray, draws
         return None
     lo, hi = np.percentile(ratios, [2.5, 97.5])
     return float(lo), float(hi)
+
+
+def seed_permutation_pvalue(a: Sequence[float], b: Sequence[float], draws: int = 20_000, seed: int = 0) -> float | None:
+    """Two-sided p that the mean of the paired per-seed differences a - b is zero: every sign flip of the
+    differences enumerated up to 16 seeds (2^16 patterns), a fixed random sample of them beyond. Its
+    smallest value is 2 / 2^n (n seeds). None with fewer than 2 seeds."""
+    diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    n = diff.size
+    if n < 2:
+        return None
+    if n <= 16:
+        signs = 1.0 - 2.0 * ((np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1)
+    else:
+        signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(draws, n))
+    observed = abs(diff.mean())
+    means = np.abs(signs @ diff) / n
+    return float(np.mean(means >= observed - 1e-12))

@@ -5,7 +5,8 @@ distribution, yet one run gives them points apart), so comparing modes needs man
 items and a paired test. The study decodes every clip at every temperature with every seed and
 every mode (modes innermost, so load on a shared machine hits them alike), keeps per-item counts,
 and `summarize_study` turns them into per-mode figures and pairwise comparisons
-(`significance.py`).
+(`significance.py`). Seed s decodes clip c with its own stream (`decoding.seeds.reseeded`): one seed for all
+clips would give every clip the same uniforms, and the clips would not be independent samples.
 
 WER reference: by default each clip's greedy transcript from the target alone (mode `off`, T = 0),
 so clips without a transcript count and WER measures how far sampling moves the text from what the
@@ -33,6 +34,7 @@ from tqdm.auto import tqdm
 from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS, AudioLoadError
 from asr_app.decoding.options import DecodingOptions
 from asr_app.decoding.protocol import Decoder
+from asr_app.decoding.seeds import reseeded
 from asr_app.eval.datasets import Utterance
 from asr_app.eval.runner import ModeSpec, read_utterance_audio
 from asr_app.wer import Normalizer, utterance_errors
@@ -81,6 +83,9 @@ class StudyRun:
     items: list[StudyItem] = field(default_factory=list)
     verify_clock: str = "process-cpu"   # or "cuda-wall"
     encoder_reuses: int = 0
+    # "per-clip": each (clip, seed) decodes with its own stream (derive_seed); "shared": runs before that fix,
+    # where seed s gave every clip the same stream, so only the seeds are independent samples (docs/eval.md).
+    seed_streams: str = "per-clip"
 
 
 class EncoderMemo:
@@ -178,7 +183,9 @@ def _prepare_clip(decoder, utt: Utterance, options: DecodingOptions, normalizer:
 
 def _decode_item(decoder, audio, clip: StudyClip, spec: ModeSpec, temperature: float, seed: int,
                  normalizer: Normalizer, cuda: bool) -> StudyItem:
-    options = dataclasses.replace(spec.options, temperature=temperature, seed=seed, profile_verify=True)
+    # Each clip its own stream (the same for every mode and temperature: the modes stay paired per clip).
+    options = reseeded(dataclasses.replace(spec.options, temperature=temperature, seed=seed, profile_verify=True),
+                       clip.id)
     result = decoder.decode([audio], options=options)[0]
     hypothesis = normalizer(result.text)
     errors, words = _counts(clip.reference, hypothesis)

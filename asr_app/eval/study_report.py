@@ -14,7 +14,7 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from asr_app.eval.significance import clip_bootstrap_ratio, wilcoxon_pvalue  # noqa: E402
+from asr_app.eval.significance import clip_bootstrap_ratio, seed_permutation_pvalue, wilcoxon_pvalue  # noqa: E402
 from asr_app.eval.study import StudyItem, StudyRun  # noqa: E402
 
 STUDY_FILES = {"json": "study.json", "items": "study_items.jsonl", "markdown": "study.md", "plot": "study.png"}
@@ -55,6 +55,9 @@ class Comparison:
     wer_pvalue: float | None            # Wilcoxon signed-rank over per-item error counts
     verify_ratio: float | None          # verify ms per call, label / against
     verify_pvalue: float | None         # Wilcoxon over per-item verify ms per call
+    # sign-flip permutation over seeds of each seed's corpus WER / acceptance (significance.seed_permutation_pvalue)
+    seed_wer_pvalue: float | None = None
+    seed_acceptance_pvalue: float | None = None
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -130,7 +133,25 @@ def compare(run: StudyRun, label: str, against: str, temperature: float) -> Comp
         wer_pvalue=wilcoxon_pvalue([x.errors for x in a], [y.errors for y in b]),
         verify_ratio=verify_ratio,
         verify_pvalue=wilcoxon_pvalue([per_call(x) for x, _ in timed], [per_call(y) for _, y in timed]),
+        seed_wer_pvalue=_seed_pvalue(a, b, lambda it: it.errors, lambda it: it.ref_words),
+        seed_acceptance_pvalue=_seed_pvalue(a, b, lambda it: it.accepted, lambda it: it.drafted),
     )
+
+
+def _seed_pvalue(a: list[StudyItem], b: list[StudyItem], num, den) -> float | None:
+    """Per seed, sum(num) / sum(den) over its clips for both modes (paired items), then the sign-flip test;
+    None where a seed has no denominator in either mode (e.g. acceptance of a mode without drafts)."""
+    seeds = sorted({it.seed for it in a})
+    mine, theirs = [], []
+    for s in seeds:
+        x = [it for it in a if it.seed == s]
+        y = [it for it in b if it.seed == s]
+        dx, dy = sum(map(den, x)), sum(map(den, y))
+        if not dx or not dy:
+            return None
+        mine.append(sum(map(num, x)) / dx)
+        theirs.append(sum(map(num, y)) / dy)
+    return seed_permutation_pvalue(mine, theirs)
 
 
 def comparisons(run: StudyRun, against: str = "exact") -> list[Comparison]:
@@ -148,7 +169,7 @@ def write_study(run: StudyRun, meta: dict, out_dir: Path) -> dict[str, Path]:
     paths = {k: out_dir / v for k, v in STUDY_FILES.items()}
     data = {
         "meta": meta, "temperatures": run.temperatures, "seeds": run.seeds, "wer_reference": run.reference,
-        "verify_clock": run.verify_clock, "encoder_reuses": run.encoder_reuses,
+        "verify_clock": run.verify_clock, "encoder_reuses": run.encoder_reuses, "seed_streams": run.seed_streams,
         "modes": [{"label": s.label, "mode": s.options.mode, "alpha": s.options.alpha, "beta": s.options.beta}
                   for s in run.specs],
         "clips": [asdict(c) for c in run.clips],
@@ -183,12 +204,17 @@ def study_markdown(run: StudyRun, figures: list[ModeFigures], comps: list[Compar
     lines = [
         f"{len(used)} clips x {len(run.seeds)} seeds ({run.seeds[0]}-{run.seeds[-1]}) per temperature; WER against "
         f"{ref}; 95% intervals resample whole clips; p: Wilcoxon signed-rank over (clip, seed) pairs against "
-        f"exact; verify time: {'process CPU time' if run.verify_clock == 'process-cpu' else 'wall time (CUDA)'} "
+        f"exact; p (seeds): sign-flip permutation over the seeds' corpus figures; verify time: "
+        f"{'process CPU time' if run.verify_clock == 'process-cpu' else 'wall time (CUDA)'} "
         f"of the verify calls. Command: `{meta.get('command', '')}`", ""]
+    if run.seed_streams == "shared":
+        lines += ["**Seed streams shared across clips**: this study ran before each clip had its own random stream; "
+                  "seed s gave every clip the same one, so the clips of one seed are not independent and the "
+                  "(clip, seed) p and the clip intervals understate the noise. Only p (seeds) is valid.", ""]
     comp = {(c.temperature, c.label): c for c in comps}
     head = ["T", "mode", "WER % [95% CI]", "Δ WER vs exact, points [95% CI]", "p", "WER vs text %",
-            "acceptance %", "tokens / target call", "verify ms / step", "verify vs exact", "p (verify)",
-            "verify µs / token"]
+            "acceptance %", "p (seeds): WER, acceptance", "tokens / target call", "verify ms / step", "verify vs exact",
+            "p (verify)", "verify µs / token"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for f in figures:
         c = comp.get((f.temperature, f.label))
@@ -199,7 +225,8 @@ def study_markdown(run: StudyRun, figures: list[ModeFigures], comps: list[Compar
         name = f.label + (f" (α={f.alpha:g}, β={f.beta:g})" if f.alpha is not None else "")
         lines.append("| " + " | ".join([
             f"{f.temperature:g}", name, _pct(f.wer) + ci, delta, _p(c.wer_pvalue) if c else "-", _pct(f.text_wer),
-            _pct(f.acceptance), "n/a" if f.tokens_per_call is None else f"{f.tokens_per_call:.2f}",
+            _pct(f.acceptance), f"{_p(c.seed_wer_pvalue)}, {_p(c.seed_acceptance_pvalue)}" if c else "-",
+            "n/a" if f.tokens_per_call is None else f"{f.tokens_per_call:.2f}",
             "n/a" if f.verify_ms_per_call is None else f"{f.verify_ms_per_call:.3f}", ratio,
             _p(c.verify_pvalue) if c else "-",
             "n/a" if f.verify_us_per_token is None else f"{f.verify_us_per_token:.0f}"]) + " |")
