@@ -78,6 +78,19 @@ def decoder(pair, graphs: str, max_graphs: int = DEFAULT_MAX_GRAPHS) -> Speculat
                                                            packed_weights=False))
 
 
+def test_beyond_max_workspaces_the_least_recently_used_batch_size_goes(tiny_pair):
+    # A server decodes batch 1 all the time and other sizes now and then: the size in use must stay, with its
+    # graphs, however early it was first seen.
+    dec = SpeculativeDecoder(tiny_pair, runtime=RuntimeOptions(draft_vocab=None, cuda_graphs="emulate",
+                                                               max_workspaces=2, packed_weights=False))
+    opts = DecodingOptions(mode="exact", gamma=2, max_new_tokens=4)
+    for batch in (1, 2, 1):
+        dec.decode_features(features(batch), opts)
+    kept = dec._workspaces[(1, True)]
+    dec.decode_features(features(3), opts)
+    assert list(dec._workspaces) == [(1, True), (3, True)] and dec._workspaces[(1, True)] is kept
+
+
 def test_the_generated_count_is_not_baked_into_a_graph(tiny_pair, monkeypatch):
     # The loop gives captured steps only what they depend on of the count (rules_count: 0 or 1, keyed by
     # `first`). Passing the raw count, as the loop did, would bake the capturing step's count into every replay.

@@ -305,7 +305,8 @@ class SpeculativeDecoder:
 
     def _workspace(self, encoder_hidden: torch.Tensor, draft_hidden: torch.Tensor | None) -> Workspace:
         """Decoder states for this window. Eagerly new ones; with graphs one persistent workspace per
-        (batch size, draft or not), refilled in place, since captured steps read those very tensors."""
+        (batch size, draft or not), refilled in place, since captured steps read those very tensors. Beyond
+        `max_workspaces` the least recently used goes, with its graphs (a server's common batch sizes stay)."""
         batch = encoder_hidden.shape[0]
         if self.graph_mode == "eager":
             return Workspace(self.target_runtime.new_state(encoder_hidden),
@@ -315,12 +316,13 @@ class SpeculativeDecoder:
         ws = self._workspaces.get(key)
         if ws is None:
             if len(self._workspaces) >= self.runtime.max_workspaces:
-                self._workspaces.pop(next(iter(self._workspaces)))  # the oldest, with its graphs
+                self._workspaces.pop(next(iter(self._workspaces)))  # the least recently used: the first
             ws = self._workspaces[key] = Workspace(
                 self.target_runtime.new_state(encoder_hidden),
                 self.draft_runtime.new_state(draft_hidden) if draft_hidden is not None else None,
                 StepRunner(self.graph_mode, self.max_positions, self.runtime.max_graphs))
             return ws
+        self._workspaces[key] = self._workspaces.pop(key)  # most recently used: to the end of the order
         self.target_runtime.load_encoder(ws.target, encoder_hidden)
         if ws.draft is not None:
             self.draft_runtime.load_encoder(ws.draft, draft_hidden)
