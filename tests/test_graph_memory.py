@@ -160,8 +160,11 @@ def test_no_greedy_decode_captures_a_target_step_mid_loop(tiny_pair, batch, mode
     eager = decoder(tiny_pair, "off")
     for seed, budget in ((1, 30), (2, 17), (3, 11)):
         opts = DecodingOptions(mode=mode, max_new_tokens=budget, timestamps=timestamps)
-        got = [r.tokens for r in dec.decode_features(features(batch) + seed, opts)]
-        assert got == [r.tokens for r in eager.decode_features(features(batch) + seed, opts)]
+        results = dec.decode_features(features(batch) + seed, opts)
+        assert [r.tokens for r in results] == [r.tokens for r in eager.decode_features(features(batch) + seed, opts)]
+        st = results[0].stats
+        if seed == 1:  # the captures happened before this decode's loop, and its caller waited for them
+            assert st.setup_s > 0 and st.total_s >= st.setup_s + st.encoder_s + st.draft_s + st.target_s + st.verify_s
     dec._step_costs = StepCosts(draft=1.0, target=1.0, per_token=0.5)  # drafting never pays: width-1 steps
     assert dec.decode_features(features(batch) + 4, opts)[0].stats.drafted == 0
     suffix = (mode, opts.temperature, opts.alpha, opts.beta, timestamps)

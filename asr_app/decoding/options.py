@@ -143,7 +143,8 @@ class Segment:
 
 
 _SUMMED = ("tokens_out", "target_calls", "drafted", "accepted", "hint_steps", "hinted", "hint_accepted",
-           "encoder_s", "draft_s", "target_s", "verify_s", "verify_cpu_s", "total_s", "windows", "context_retries")
+           "setup_s", "encoder_s", "draft_s", "target_s", "verify_s", "verify_cpu_s", "total_s", "windows",
+           "context_retries")
 
 
 @dataclass
@@ -159,6 +160,7 @@ class DecodingStats:
     hint_accepted: int = 0   # hint tokens kept
     acceptance_rate: float | None = None         # None when nothing was drafted
     mean_accepted_per_step: float | None = None  # accepted drafts per target call; None as above
+    setup_s: float = 0.0     # step-cost timing and graph captures a decoder's first decodes make first (in total_s)
     encoder_s: float = 0.0
     draft_s: float = 0.0
     target_s: float = 0.0
