@@ -17,7 +17,7 @@ job's (`decoding.seeds.reseeded`).
 from __future__ import annotations
 
 import dataclasses
-import itertools
+import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -99,9 +99,10 @@ class _LongForm:
             self._window = (self.seek, self.audio.window(self.seek, WINDOW_SAMPLES))
         return self._window[1]
 
-    def place(self) -> tuple[str, int]:
-        """Where the current window sits, for the seed of its retries (`reseeded`): file and sample offset."""
-        return self.source, self.seek
+    def place(self) -> tuple[int, str]:
+        """The current window, for the seeds of its sampled decodes (`sampled`): its offset and a digest of its
+        samples, so the same audio decodes alike whatever its path, its batch companions or the files before it."""
+        return self.seek, hashlib.blake2b(self.window().tobytes(), digest_size=8).hexdigest()
 
     def prompt(self, options: TranscribeOptions) -> list[int] | None:
         """The initial prompt's tokens (if any), then the latest tokens of the previous windows with their
@@ -179,7 +180,7 @@ def _unless_dropped_for_its_prompt(decoder: Decoder, job: _LongForm, result: Dec
         return result
     started = time.perf_counter()
     try:
-        retry = decoder.decode([job.window()], reseeded(decoding, *job.place(), "without prompt"), prompts=[None])[0]
+        retry = decoder.decode([job.window()], sampled(decoding, [job], "without prompt"), prompts=[None])[0]
     except Exception:  # noqa: BLE001 - the window already has a result
         return result
     finally:
@@ -212,8 +213,7 @@ def _with_fallback(decoder: Decoder, job: _LongForm, result: DecodingResult, dec
             break
         started = time.perf_counter()
         try:
-            retry = reseeded(dataclasses.replace(decoding, temperature=retry_temperature), *job.place(), "fallback",
-                             retry_temperature)
+            retry = sampled(dataclasses.replace(decoding, temperature=retry_temperature), [job], "fallback")
             result = decoder.decode([job.window()], retry, prompts=[job.prompt(options)])[0]
         except Exception:  # noqa: BLE001 - the window already has a result; keep it rather than fail the file
             break
@@ -226,6 +226,16 @@ def _with_fallback(decoder: Decoder, job: _LongForm, result: DecodingResult, dec
         result, temperature = _best_attempt(attempts, options)
     job.temperatures.append(temperature)
     return result
+
+
+def sampled(decoding: DecodingOptions, jobs: list[_LongForm], *retry: str) -> DecodingOptions:
+    """`decoding` for a decode of `jobs`' current windows: at T > 0 a stream of its own, derived from the job's
+    seed and the windows themselves (one seed for every window would give each window, and each retry of it,
+    the same uniforms). Greedy decodes draw nothing and keep their options."""
+    if decoding.temperature == 0:
+        return decoding
+    return reseeded(decoding, *(part for job in jobs for part in job.place()), *retry,
+                    *([decoding.temperature] if retry else []))
 
 
 def _timestamp_begin(decoder: Decoder) -> int:
@@ -308,7 +318,7 @@ def transcribe_many(decoder: Decoder, items: Iterable[tuple[Any, str | Path | np
         if on_progress:
             on_progress((min(job.seek, job.total) - before) / SAMPLE_RATE)
 
-    pending, active, rounds = iter(items), [], itertools.count()
+    pending, active = iter(items), []
     while True:
         while len(active) < max(1, options.batch_size):
             item = next(pending, None)
@@ -334,13 +344,12 @@ def transcribe_many(decoder: Decoder, items: Iterable[tuple[Any, str | Path | np
                 progress(job, before)
             else:
                 audible.append(job)
-        round_decoding = reseeded(decoding, "round", next(rounds))
-        for job, outcome in _decode_round(decoder, audible, round_decoding, options) if audible else ():
+        for job, outcome in _decode_round(decoder, audible, sampled(decoding, audible), options) if audible else ():
             if isinstance(outcome, Exception):
                 failed[id(job)] = outcome
                 continue
             before, known = job.seek, len(job.segments)
-            _decoded(job, outcome[0], decoder, round_decoding, options, ts_begin, decode_text)
+            _decoded(job, outcome[0], decoder, decoding, options, ts_begin, decode_text)
             progress(job, before)
             if on_segments is not None and len(job.segments) > known:
                 on_segments(job.key, job.segments[known:])

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from asr_app.decoding.options import DecodingOptions, DecodingResult, DecodingStats
+from asr_app.decoding.seeds import batch_options
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +203,7 @@ class Scheduler:
                hint: Sequence[int] | None = None, *, priority: int = FILE, session: str = "") -> Future:
         """Queue one clip (16 kHz mono float32, at most 30 s); the future holds its DecodingResult."""
         future: Future = Future()
-        key = (options, hint is not None, self._rows_key(options, prompt))
+        key = (batch_options(options), hint is not None, self._rows_key(options, prompt))
         with self._cond:
             if self._closed:
                 raise SchedulerClosed("the decoder is shutting down")

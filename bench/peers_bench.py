@@ -131,7 +131,7 @@ def child(name: str, shared: Path, threads: int, keep_freed: bool) -> dict:
         out["times"].append(time.perf_counter() - t0)
         out["texts"].append(text)
         if st is not None:
-            out["loops"].append(st.total_s - st.encoder_s)
+            out["loops"].append(st.total_s - st.setup_s - st.encoder_s)
             out["stats"].append([st.tokens_out, st.target_calls, st.drafted, st.accepted])
     return out
 

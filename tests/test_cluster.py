@@ -22,7 +22,8 @@ from asr_app.audio import SAMPLE_RATE, load_audio
 ray = pytest.importorskip("ray", reason="the cluster extra (Ray) is part of the dev extra")
 
 MODEL_ARGS = ["--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR), "--device", "cpu", "--threads", "1"]
-TIMED_STATS = {"setup_s", "encoder_s", "draft_s", "target_s", "verify_s", "verify_cpu_s", "total_s", "decode_s", "load_s"}
+TIMED_STATS = {"setup_s", "encoder_s", "draft_s", "target_s", "verify_s", "verify_cpu_s", "total_s", "decode_s",
+               "load_s"}
 
 
 # Six short real clips of the three sources (25 s of speech in all; sorted by name, the last two are the

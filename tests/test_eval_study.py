@@ -148,6 +148,8 @@ def test_seed_permutation_test_and_derived_seeds():
     noisy = [x + d for x, d in zip(a, (0.01, -0.02, 0.015, -0.01, 0.0, 0.02, -0.015, 0.01, -0.01, 0.005))]
     assert seed_permutation_pvalue(noisy, a) > 0.3
     assert seed_permutation_pvalue([1.0], [0.0]) is None
+    many = seed_permutation_pvalue([x + 0.05 for x in a * 2], a * 2, draws=999)  # 20 seeds: sampled patterns
+    assert many == pytest.approx(1 / 1000)  # the observed pattern counts: never 0
     # derived seeds: distinct per place, stable across processes (not Python's salted hash)
     seeds = {derive_seed(0, clip) for clip in ("jfk", "1089-134686-0000", "de", "fr")} | {derive_seed(1, "jfk")}
     assert len(seeds) == 5 and all(0 <= s < 2**63 for s in seeds)
@@ -155,10 +157,39 @@ def test_seed_permutation_test_and_derived_seeds():
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": h}).stdout for h in ("1", "2")}
     assert outs == {f"{derive_seed(0, 'jfk', 3)}\n"}
+    import numpy as np
+
+    from asr_app.decoding.seeds import batch_options
+
+    assert derive_seed(0, "x", 5) == derive_seed(0, "x", np.int64(5))
     greedy = DecodingOptions(seed=5)
     assert reseeded(greedy, "jfk") is greedy  # draws nothing: options unchanged (they can share a batch)
+    # rows of a batch draw from one generator anyway: requests differing only in their seed share batches
+    assert batch_options(DecodingOptions(seed=5, temperature=0.6)) == batch_options(DecodingOptions(temperature=0.6))
     sampled = DecodingOptions(seed=5, temperature=0.6)
     assert reseeded(sampled, "jfk").seed == derive_seed(5, "jfk") != reseeded(sampled, "de").seed
+
+
+def test_a_published_study_renders_again_from_its_items_with_the_seed_level_test(tmp_path):
+    # docs/eval_study/ keeps each study's items: tools/render_study.py rewrites its JSON, table and plot with
+    # this version's report. Run B predates per-clip streams: it reads as shared and its table says so.
+    import importlib.util
+    import shutil
+
+    for suffix in (".json", "_items.jsonl.gz"):
+        shutil.copyfile(REPO_ROOT / "docs" / "eval_study" / f"sweep{suffix}", tmp_path / f"sweep{suffix}")
+    (tmp_path / "sweep.json").write_text(json.dumps({k: v for k, v in json.loads((tmp_path / "sweep.json").read_text())
+                                                     .items() if k != "seed_streams"}))
+    spec = importlib.util.spec_from_file_location("render_study", REPO_ROOT / "tools" / "render_study.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main([str(tmp_path / "sweep")]) == 0
+    study = json.loads((tmp_path / "sweep.json").read_text())
+    assert study["seed_streams"] == "shared" and len(study["comparisons"]) == 12
+    assert all(c["seed_wer_pvalue"] is not None for c in study["comparisons"])
+    assert "Seed streams shared across clips" in (tmp_path / "sweep.md").read_text()
+    assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert tool.main([str(tmp_path / "missing")]) == 2
 
 
 def test_study_options_are_checked(capsys):

@@ -158,13 +158,16 @@ def test_no_greedy_decode_captures_a_target_step_mid_loop(tiny_pair, batch, mode
     # the last steps short, so the decodes meet many widths
     dec._step_costs = StepCosts(draft=0.05, target=1.0, per_token=0.0, widths=(1.0,) + (1.2,) * (widths - 1))
     eager = decoder(tiny_pair, "off")
+    setups = []
     for seed, budget in ((1, 30), (2, 17), (3, 11)):
         opts = DecodingOptions(mode=mode, max_new_tokens=budget, timestamps=timestamps)
         results = dec.decode_features(features(batch) + seed, opts)
         assert [r.tokens for r in results] == [r.tokens for r in eager.decode_features(features(batch) + seed, opts)]
         st = results[0].stats
-        if seed == 1:  # the captures happened before this decode's loop, and its caller waited for them
-            assert st.setup_s > 0 and st.total_s >= st.setup_s + st.encoder_s + st.draft_s + st.target_s + st.verify_s
+        assert st.total_s >= st.setup_s + st.encoder_s + st.draft_s + st.target_s + st.verify_s
+        setups.append(st.setup_s)
+    # the first decode captured every width before its loop, and its caller waited: the later ones had nothing to do
+    assert setups[0] > 5 * max(setups[1:])
     dec._step_costs = StepCosts(draft=1.0, target=1.0, per_token=0.5)  # drafting never pays: width-1 steps
     assert dec.decode_features(features(batch) + 4, opts)[0].stats.drafted == 0
     suffix = (mode, opts.temperature, opts.alpha, opts.beta, timestamps)

@@ -259,6 +259,23 @@ def test_temperature_fallback_retries_then_drops_the_prompt(decoder):
     assert jiwer.wer(normalise(plain.text), normalise(result.text)) < 0.6, result.text
 
 
+def test_sampled_windows_draw_their_own_streams_whatever_came_before(decoder):
+    # At T > 0 each window decodes with a seed of its own, derived from the job's seed and the window's audio:
+    # two windows never share uniforms, and a file transcribes alike alone or after another file.
+    from asr_app.decoding import DecodingOptions
+
+    gap = np.zeros(SAMPLE_RATE // 2, dtype=np.float32)
+    audio = np.concatenate([load_audio(lj_clip("LJ001-0001")), gap, load_audio(JFK_FLAC), gap,
+                            load_audio(lj_clip("LJ001-0003"))])  # 2 windows
+    options = TranscribeOptions(decoding=DecodingOptions(mode="exact", temperature=0.5, seed=3), temperature_fallback=())
+    alone = RecordingDecoder(decoder)
+    text = transcribe(alone, audio, options).text
+    assert len(alone.seeds) == 2 and len(set(alone.seeds)) == 2 and 3 not in alone.seeds
+    after = RecordingDecoder(decoder)
+    outcomes = dict(transcribe_many(after, [("jfk", JFK_FLAC), ("long", audio)], options))
+    assert after.seeds[1:] == alone.seeds and outcomes["long"].text == text
+
+
 class PromptSilencedDecoder(RecordingDecoder):
     """The real decoder, except that a window decoded with a prompt comes back judged silent: what a prompt
     did to 30 s of clear speech in a 2-hour recording (a case too long to decode in a test)."""

@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     for stem in args.stems:
         try:
-            run, meta = read_study_files(stem.with_name(stem.name + ".json"), stem.with_name(stem.name + "_items.jsonl.gz"))
+            items = stem.with_name(stem.name + "_items.jsonl.gz")
+            run, meta = read_study_files(stem.with_name(stem.name + ".json"), items)
         except StudyMergeError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -40,6 +40,7 @@ from asr_app.decoding.options import (
 )
 from asr_app.decoding.prompt import Prompt, build_prompt, eos_token
 from asr_app.decoding.rules import RuleState, WhisperLogitRules
+from asr_app.decoding.seeds import reseeded
 from asr_app.decoding.steps import Steps, Workspace
 from asr_app.decoding.text import decode_text, split_segments
 from asr_app.runtime import DecoderRuntime, EncoderRuntime, StepRunner, draft_vocabulary
@@ -177,9 +178,11 @@ class SpeculativeDecoder:
         groups: dict[tuple[int, int], list[int]] = {}
         for i, p in enumerate(built):
             groups.setdefault((len(p.tokens), p.sot_index), []).append(i)
-        for rows in groups.values():
+        for k, rows in enumerate(groups.values()):
             prompt_rows = [built[i] for i in rows]
-            decoded = self._decode_batch(feats[rows], prompt_rows, opts, [windows[i] for i in rows],
+            # each group its own stream (the first keeps the seed: a lone row draws as transformers would)
+            group_opts = reseeded(opts, "prompt group", k) if k else opts
+            decoded = self._decode_batch(feats[rows], prompt_rows, group_opts, [windows[i] for i in rows],
                                          [hints[i] for i in rows])
             for i, res in zip(rows, decoded):
                 results[i] = res
@@ -196,6 +199,7 @@ class SpeculativeDecoder:
             if self.graph_mode == "eager" and lost_end_of_audio(result, windows[i], opts.encoder_context_s):
                 redone = self._decode(feats[i : i + 1], full, [prompts[i]], [windows[i]], [hints[i]])[0]
                 redone.stats.context_retries = 1
+                redone.stats.setup_s += result.stats.setup_s
                 redone.stats.encoder_s += result.stats.encoder_s
                 redone.stats.total_s += result.stats.total_s
                 results[i] = redone

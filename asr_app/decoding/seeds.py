@@ -22,7 +22,8 @@ _SEED_BITS = 63  # torch.Generator.manual_seed takes any non-negative int below 
 def derive_seed(seed: int, *place: object) -> int:
     """A seed for the decode at `place` (e.g. a clip id, a window index, a retry) of a job seeded `seed`:
     stable across processes and Python versions (a hash of the repr, not Python's salted `hash`)."""
-    digest = hashlib.blake2b(repr((int(seed), *place)).encode(), digest_size=8).digest()
+    # str() of each part: repr would tell 5 from numpy.int64(5) (and change with numpy's version)
+    digest = hashlib.blake2b(repr((int(seed), *map(str, place))).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> (64 - _SEED_BITS)
 
 
@@ -32,3 +33,10 @@ def reseeded(options: DecodingOptions, *place: object) -> DecodingOptions:
     if options.temperature == 0:
         return options
     return dataclasses.replace(options, seed=derive_seed(options.seed, *place))
+
+
+def batch_options(options: DecodingOptions) -> DecodingOptions:
+    """What decodes must share to run as rows of one batch: every option but the seed. The rows of one call
+    draw from one generator anyway (row b takes row b of each draw), so a batch decodes with its first
+    request's seed, and a sampled request is reproducible from its seed only when it decodes alone."""
+    return dataclasses.replace(options, seed=0) if options.seed != 0 else options

@@ -1,6 +1,6 @@
 """Paired tests between two decoding modes over the same (clip, temperature, seed) items.
 
-Two views, because the items are not independent (the seeds of one clip share its audio):
+Three views, because the items are not independent (the seeds of one clip share its audio):
 - Wilcoxon signed-rank over the per-item differences (scipy): does one mode make fewer errors on
   the same item? Cheap and robust to the skewed error counts of short clips.
 - a bootstrap over clips (whole clips resampled with every seed they hold): a 95% interval for the
@@ -58,8 +58,8 @@ def clip_bootstrap_ratio(numerators: np.ndarray, denominators: np.ndarray, draws
 
 def seed_permutation_pvalue(a: Sequence[float], b: Sequence[float], draws: int = 20_000, seed: int = 0) -> float | None:
     """Two-sided p that the mean of the paired per-seed differences a - b is zero: every sign flip of the
-    differences enumerated up to 16 seeds (2^16 patterns), a fixed random sample of them beyond. Its
-    smallest value is 2 / 2^n (n seeds). None with fewer than 2 seeds."""
+    differences enumerated up to 16 seeds (2^16 patterns; the smallest p is then 2 / 2^n), a fixed random
+    sample of `draws` patterns beyond (smallest p 1 / (draws + 1)). None with fewer than 2 seeds."""
     diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
     n = diff.size
     if n < 2:
@@ -69,5 +69,7 @@ def seed_permutation_pvalue(a: Sequence[float], b: Sequence[float], draws: int =
     else:
         signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(draws, n))
     observed = abs(diff.mean())
-    means = np.abs(signs @ diff) / n
-    return float(np.mean(means >= observed - 1e-12))
+    hits = int(np.sum(np.abs(signs @ diff) / n >= observed - 1e-12))
+    if n <= 16:
+        return hits / len(signs)
+    return (hits + 1) / (draws + 1)  # a sample of the patterns: the observed one counts, so p is never 0

@@ -18,6 +18,7 @@ from typing import Any
 
 from ray import serve
 
+from asr_app.decoding.seeds import batch_options
 from asr_app.scheduler import RecentLatencies, SchedulerMetrics, SchedulerOptions
 from asr_app.serve.ray_engine import publish_metrics
 
@@ -63,7 +64,8 @@ class ServeBatchedReplica:
     def _decode_rows(self, rows: list[tuple]) -> list:
         groups: dict[Any, list[int]] = {}
         for i, (_clip, options, prompt, hint) in enumerate(rows):
-            groups.setdefault((options, hint is not None, self.decoder.batch_key(options, prompt)), []).append(i)
+            key = (batch_options(options), hint is not None, self.decoder.batch_key(options, prompt))
+            groups.setdefault(key, []).append(i)
         outcomes: list = [None] * len(rows)
         for members in groups.values():
             started = time.perf_counter()
