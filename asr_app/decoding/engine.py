@@ -171,8 +171,9 @@ class SpeculativeDecoder:
         feats = feats.to(device=self.pair.device, dtype=self.pair.dtype)
         results: list[DecodingResult | None] = [None] * batch
         if opts.mode == "hf":
-            for i in range(batch):
-                results[i] = self._decode_hf(feats[i : i + 1], built[i], opts, windows[i])
+            for i in range(batch):  # one row at a time, each its own stream (the first keeps the seed)
+                results[i] = self._decode_hf(feats[i : i + 1], built[i], reseeded(opts, "row", i) if i else opts,
+                                             windows[i])
             return results  # type: ignore[return-value]
         # Rows of one lock-step batch need prompts of one length (the caches have one length).
         groups: dict[tuple[int, int], list[int]] = {}
