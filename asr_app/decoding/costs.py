@@ -113,8 +113,7 @@ class StepTimer:
         """One target step over `width` tokens as the loop runs it, as a function of no arguments."""
         ws, steps = self.ws, self.steps
         num_draft = torch.full((self.batch,), width - 1, dtype=torch.long, device=self.device)
-        key = width_key(self.batch, width, self.options)
-        mode = key[4]  # the verification mode width_key chose
+        key, mode = width_key(self.batch, width, self.options), width_mode(width, self.options)
 
         def run():
             ws.target.length = self.start
@@ -132,11 +131,15 @@ def costs_pinned() -> bool:
     return bool(os.environ.get(PINNED_ENV))
 
 
-def width_key(batch: int, width: int, options: DecodingOptions) -> tuple:
-    """The loop's capture key of a target step over the pending token and width - 1 drafts: a step without
+def width_mode(width: int, options: DecodingOptions) -> str:
+    """The verification mode of a target step over the pending token and width - 1 drafts: a step without
     drafts verifies as `exact` (loop.score_and_verify)."""
-    mode = options.mode if width > 1 else "exact"
-    return target_key(batch, width, width - 1, mode, options_key(options))
+    return options.mode if width > 1 else "exact"
+
+
+def width_key(batch: int, width: int, options: DecodingOptions) -> tuple:
+    """The loop's capture key of that step."""
+    return target_key(batch, width, width - 1, width_mode(width, options), options_key(options))
 
 
 def capture_target_widths(decoder, batch: int, options: DecodingOptions, top_gamma: int) -> None:

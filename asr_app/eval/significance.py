@@ -64,12 +64,11 @@ def seed_permutation_pvalue(a: Sequence[float], b: Sequence[float], draws: int =
     n = diff.size
     if n < 2:
         return None
-    if n <= 16:
+    exhaustive = n <= 16
+    if exhaustive:
         signs = 1.0 - 2.0 * ((np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1)
     else:
         signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(draws, n))
-    observed = abs(diff.mean())
-    hits = int(np.sum(np.abs(signs @ diff) / n >= observed - 1e-12))
-    if n <= 16:
-        return hits / len(signs)
-    return (hits + 1) / (draws + 1)  # a sample of the patterns: the observed one counts, so p is never 0
+    hits = int(np.sum(np.abs(signs @ diff) / n >= abs(diff.mean()) - 1e-12))
+    # a sample of the patterns: the observed one counts too, so p is never 0
+    return hits / len(signs) if exhaustive else (hits + 1) / (draws + 1)

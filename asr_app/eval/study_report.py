@@ -141,17 +141,14 @@ def compare(run: StudyRun, label: str, against: str, temperature: float) -> Comp
 def _seed_pvalue(a: list[StudyItem], b: list[StudyItem], num, den) -> float | None:
     """Per seed, sum(num) / sum(den) over its clips for both modes (paired items), then the sign-flip test;
     None where a seed has no denominator in either mode (e.g. acceptance of a mode without drafts)."""
-    seeds = sorted({it.seed for it in a})
-    mine, theirs = [], []
-    for s in seeds:
-        x = [it for it in a if it.seed == s]
-        y = [it for it in b if it.seed == s]
-        dx, dy = sum(map(den, x)), sum(map(den, y))
-        if not dx or not dy:
-            return None
-        mine.append(sum(map(num, x)) / dx)
-        theirs.append(sum(map(num, y)) / dy)
-    return seed_permutation_pvalue(mine, theirs)
+    sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])  # seed -> num_a, den_a, num_b, den_b
+    for x, y in zip(a, b):
+        row = sums[x.seed]
+        row[0] += num(x); row[1] += den(x); row[2] += num(y); row[3] += den(y)  # noqa: E702
+    if any(not row[1] or not row[3] for row in sums.values()):
+        return None
+    rows = [sums[s] for s in sorted(sums)]
+    return seed_permutation_pvalue([r[0] / r[1] for r in rows], [r[2] / r[3] for r in rows])
 
 
 def comparisons(run: StudyRun, against: str = "exact") -> list[Comparison]:
