@@ -7,7 +7,10 @@
 #   bash bench/gpu_check.sh profile   # step_profile large-v2 fused: each product, fused vs unfused vs cuBLAS
 #   bash bench/gpu_check.sh tiny      # runtime_bench on the real tiny.en pair (needs /tmp/models)
 #   bash bench/gpu_check.sh batch     # batch_bench: B = 1..64, off / exact / transformers, real pair and large-v2
-#   bash bench/gpu_check.sh all       # the five, in that order
+#   bash bench/gpu_check.sh serve     # serve_bench: up to 64 live streams and 64 API requests (needs /tmp/models
+#                                     # and the serving wheels: FastAPI, uvicorn, websockets, openai)
+#   bash bench/gpu_check.sh serve_engines  # the same streams through the one-lock engine and fixed-length prompts
+#   bash bench/gpu_check.sh all       # all seven, in that order
 #   bash bench/gpu_check.sh tests large tiny    # several stages in one call
 #
 # Measured on an H200 (2026-11-26): tests 160 s, large 80 s, tiny 52 s, batch 133 s, profile 38 s, so
@@ -89,6 +92,27 @@ run_batch() {  # batched throughput: the large-v2 shape (random weights), then t
         --out "$RESULTS/batch_bench.json"
 }
 
+serve_clips() {  # the repository's test clips with transcripts (11), repeated up to 64 streams
+    SERVE_ARGS=(--models "$MODELS" --audio tests/data/audio --cycle-clips --device cuda --threads 4)
+    real_models && return 0
+    echo "== serve: skipped, no real pair at $MODELS (../shared/gpu/README.md)" | tee -a "$SUMMARY"
+    return 1
+}
+
+run_serve() {  # the scheduler's batching where it should pay: N live streams over a real asr-serve, 64 API requests
+    serve_clips || return
+    stage serve 300 python3 bench/serve_bench.py "${SERVE_ARGS[@]}" --streams 1,8,32,64 --engines scheduler \
+        --api-requests 64 --out "$RESULTS/serve_bench.json"
+}
+
+run_serve_engines() {  # beside it: the old one-lock engine, and live prompts cut to one length so rows batch
+    serve_clips || return
+    stage serve_lock 150 python3 bench/serve_bench.py "${SERVE_ARGS[@]}" --streams 1,32 --engines lock \
+        --api-requests 0 --out "$RESULTS/serve_bench_lock.json"
+    stage serve_prompt 200 python3 bench/serve_bench.py "${SERVE_ARGS[@]}" --streams 1,8,32,64 \
+        --engines scheduler+context+prompt --api-requests 0 --out "$RESULTS/serve_bench_prompt.json"
+}
+
 for what in "${@:-all}"; do
     case "$what" in
         tests) run_tests ;;
@@ -96,8 +120,11 @@ for what in "${@:-all}"; do
         profile) run_profile ;;
         tiny) run_tiny ;;
         batch) run_batch ;;
-        all) run_tests; run_large; run_profile; run_tiny; run_batch ;;
-        *) echo "usage: bash bench/gpu_check.sh [tests|large|profile|tiny|batch|all]..." >&2; exit 2 ;;
+        serve) run_serve ;;
+        serve_engines) run_serve_engines ;;
+        all) run_tests; run_large; run_profile; run_tiny; run_batch; run_serve; run_serve_engines ;;
+        *) echo "usage: bash bench/gpu_check.sh [tests|large|profile|tiny|batch|serve|serve_engines|all]..." >&2
+           exit 2 ;;
     esac
 done
 pack

@@ -40,17 +40,26 @@ SHARED = Path(os.environ.get("ASR_SHARED_DIR", REPO.parent / "shared"))
 CHUNK_S = 0.5
 
 
-def clip_pool(count: int) -> list[tuple[Path, str]]:
-    """Real clips with human transcripts: LJSpeech (metadata.csv) and LibriSpeech test-clean."""
-    lj = SHARED / "audio" / "ljspeech"
-    texts = dict(line.split("|", 1)[0:2] for line in (lj / "metadata.csv").read_text().splitlines() if "|" in line)
+def clip_pool(count: int, root: Path | None = None, cycle: bool = False) -> list[tuple[Path, str]]:
+    """Real clips with human transcripts under `root` (default the shared audio): LibriSpeech (*.trans.txt),
+    LJSpeech (metadata.csv, .wav or .flac, over 4 s) and JFK (jfk/jfk.txt). With `cycle`, the pool repeats
+    until there are `count` clips (tests/data/audio holds 13, a GPU run wants up to 64 streams)."""
+    root = root or SHARED / "audio"
     pool = []
-    for trans in sorted((SHARED / "audio" / "librispeech").rglob("*.trans.txt")):
+    for trans in sorted((root / "librispeech").rglob("*.trans.txt")):
         for line in trans.read_text().splitlines():
             key, text = line.split(" ", 1)
             pool.append((trans.parent / f"{key}.flac", text))
-    pool += [(lj / "wavs" / f"{k}.wav", v.split("|")[-1]) for k, v in sorted(texts.items())
-             if (lj / "wavs" / f"{k}.wav").exists() and sf.info(str(lj / "wavs" / f"{k}.wav")).duration > 4]
+    lj = root / "ljspeech"
+    lines = (lj / "metadata.csv").read_text().splitlines() if (lj / "metadata.csv").exists() else []
+    for key, *fields in (line.split("|") for line in lines if "|" in line):
+        path = next((p for p in (lj / "wavs" / f"{key}.wav", lj / "wavs" / f"{key}.flac") if p.exists()), None)
+        if path is not None and sf.info(str(path)).duration > 4:
+            pool.append((path, fields[-1]))
+    if (root / "jfk" / "jfk.txt").exists():
+        pool.append((root / "jfk" / "jfk.flac", (root / "jfk" / "jfk.txt").read_text().strip()))
+    if cycle and pool:
+        pool = [pool[i % len(pool)] for i in range(count)]
     return pool[:count]
 
 
@@ -153,9 +162,9 @@ def _q(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))] if values else None
 
 
-def load_clips(count: int) -> list[tuple[np.ndarray, str]]:
+def load_clips(count: int, root: Path | None = None, cycle: bool = False) -> list[tuple[np.ndarray, str]]:
     out = []
-    for path, text in clip_pool(count):
+    for path, text in clip_pool(count, root, cycle):
         audio, rate = sf.read(str(path), dtype="float32")
         audio = audio.mean(axis=1) if audio.ndim == 2 else audio
         audio = soxr.resample(audio, rate, 16_000) if rate != 16_000 else audio
@@ -167,28 +176,35 @@ ENGINES = ("lock", "scheduler", "scheduler+context", "scheduler+context+prompt")
 PROMPT_TOKENS = 32   # the "+prompt" engines: live prompts cut to this many tokens, so sessions share a batch
 
 
-def make_engine(name: str, decoder, streaming, context_s: float):
+def make_engine(name: str, decoder, streaming, context_s: float, sessions: int):
     from dataclasses import replace
 
+    from asr_app.limits import ServiceLimits
     from asr_app.scheduler import Scheduler
     from asr_app.ui.engine import UiEngine
     scheduler = LockScheduler(decoder) if name == "lock" else Scheduler(decoder)
     context = context_s if "+context" in name else None
     if "+prompt" in name:
         streaming = replace(streaming, prompt_tokens=PROMPT_TOKENS)
-    return UiEngine.from_decoder(decoder, streaming).sharing(scheduler=scheduler, live_encoder_context_s=context)
+    limits = ServiceLimits(max_sessions=max(sessions, ServiceLimits().max_sessions))
+    engine = UiEngine.from_decoder(decoder, streaming, limits)
+    return engine.sharing(scheduler=scheduler, live_encoder_context_s=context)
 
 
-def bench_streams(decoder, streaming, counts: list[int], engines: list[str], context_s: float) -> dict:
+def bench_streams(decoder, streaming, counts: list[int], engines: list[str], context_s: float,
+                  root: Path | None = None, cycle: bool = False) -> dict:
     from asr_app.wer import word_error_rate
-    clips = load_clips(max(counts))
-    report: dict = {"clips_s": [round(len(p) / 16_000, 2) for p, _ in clips], "context_s": context_s}
+    clips = load_clips(max(counts), root, cycle)
+    distinct = len(clip_pool(max(counts), root))   # a repeated clip is streamed alone once
+    report: dict = {"clips_s": [round(len(p) / 16_000, 2) for p, _ in clips], "context_s": context_s,
+                    "distinct_clips": distinct}
     for name in engines:
-        engine = make_engine(name, decoder, streaming, context_s)
+        engine = make_engine(name, decoder, streaming, context_s, max(counts))
         host, server = start_server(engine)
-        alone = [run_streams(host, [clip])[0] for clip in clips]
+        alone = [run_streams(host, [clip])[0] for clip in clips[:distinct]]
+        alone = [alone[i % distinct] for i in range(len(clips))]
         alone_wer = [word_error_rate(text, r["text"]) for r, (_, text) in zip(alone, clips)]
-        alone_lat = summarise(alone, [t for _, t in clips], None)
+        alone_lat = summarise(alone[:distinct], [t for _, t in clips[:distinct]], None)
         print(f"{name:18s} each clip alone: p90 {alone_lat['p90_s']:.2f} s, mean WER {np.mean(alone_wer):.3f}",
               flush=True)
         rows = {}
@@ -205,13 +221,13 @@ def bench_streams(decoder, streaming, counts: list[int], engines: list[str], con
     return report
 
 
-def bench_api(decoder, count: int) -> dict:
+def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False) -> dict:
     import openai
 
     from asr_app.longform import transcribe
     from asr_app.scheduler import Scheduler
     from asr_app.ui.engine import UiEngine
-    paths = [p for p, _ in clip_pool(count)]
+    paths = [p for p, _ in clip_pool(count, root, cycle)]
     engine = UiEngine.from_decoder(decoder).sharing(scheduler=Scheduler(decoder))
     host, server = start_server(engine)
     api = openai.OpenAI(base_url=f"http://{host}/v1", api_key="none", max_retries=0, timeout=600)
@@ -247,9 +263,14 @@ def streams_table(report: dict) -> str:
     streams = report["streams"]
     engines = [e for e in ENGINES if e in streams]
     counts = sorted({int(n) for e in engines for n in streams[e]["streams"]})
-    lines = [f"tiny.en + distilled draft, `exact`, {report['threads']} threads, {len(streams['clips_s'])} real clips "
+    clips = len(streams["clips_s"])
+    distinct = streams.get("distinct_clips", clips)
+    repeated = f" ({distinct} distinct, repeated)" if distinct < clips else ""
+    where = report.get("device", "cpu")
+    where = report.get("cpu", "") if where == "cpu" else f"{where}, host {report.get('cpu', '')}"
+    lines = [f"tiny.en + distilled draft, `exact`, {report['threads']} threads, {clips} real clips{repeated} "
              f"({sum(streams['clips_s']):.0f} s) streamed at real-time pace over the WebSocket; encoder context "
-             f"{streams['context_s']:g} s for `scheduler+context`; {report.get('cpu', '')}",
+             f"{streams['context_s']:g} s for `scheduler+context`; {where}",
              "",
              "| engine | N | p50 s | p90 s | worst s | mean WER | worst WER - alone |",
              "|---|---|---|---|---|---|---|"]
@@ -274,6 +295,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"any of {', '.join(ENGINES)}")
     parser.add_argument("--context", type=float, default=3.0, help="seconds of encoder context (+context engine)")
+    parser.add_argument("--models", type=Path, default=SHARED / "models",
+                        help="folder with whisper-tiny.en and distil-tiny.en-draft")
+    parser.add_argument("--audio", type=Path, default=None,
+                        help="clips with transcripts (default the shared audio; tests/data/audio travels to a GPU)")
+    parser.add_argument("--cycle-clips", action="store_true", help="repeat the clips up to the largest N")
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/<device>/<date>/serve_bench.json)")
     args = parser.parse_args(argv)
     import torch
@@ -282,20 +309,27 @@ def main(argv: list[str] | None = None) -> int:
     from asr_app.models import load_pair
     from asr_app.streaming import StreamingOptions
     torch.set_num_threads(args.threads)
-    models = SHARED / "models"
-    pair = load_pair(target=str(models / "whisper-tiny.en"), draft=str(models / "distil-tiny.en-draft"), device="cpu")
+    models = args.models
+    pair = load_pair(target=str(models / "whisper-tiny.en"), draft=str(models / "distil-tiny.en-draft"),
+                     device=args.device)
     decoder = SpeculativeDecoder(pair, DecodingOptions(mode="exact"))
     counts = [int(n) for n in args.streams.split(",")]
     report = {"command": " ".join(["python", "bench/serve_bench.py", *(argv or sys.argv[1:])]),
-              "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "cpu": _cpu(),
-              "streams": bench_streams(decoder, StreamingOptions(), counts, args.engines.split(","), args.context)}
+              "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "cpu": _cpu(), "device": _device(args.device),
+              "streams": bench_streams(decoder, StreamingOptions(), counts, args.engines.split(","), args.context,
+                                       args.audio, args.cycle_clips)}
     if args.api_requests:
-        report["api"] = bench_api(decoder, args.api_requests)
+        report["api"] = bench_api(decoder, args.api_requests, args.audio, args.cycle_clips)
     from report_io import result_path, save_results
-    out = Path(args.out) if args.out else result_path("serve_bench")
+    out = Path(args.out) if args.out else result_path("serve_bench", args.device)
     save_results(out, json.loads(json.dumps(report, default=float)), streams_table(report))
     print(f"wrote {out}")
     return 0
+
+
+def _device(device: str) -> str:
+    import torch
+    return torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
 
 
 def _cpu() -> str:

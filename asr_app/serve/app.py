@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 
-import gradio as gr
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
@@ -17,7 +16,6 @@ from asr_app.serve.api import build_router, model_id, refusal_for
 from asr_app.serve.live import build_live_router
 from asr_app.serve.metrics import metrics_text
 from asr_app.serve.security import AccessSettings, Refusal, error_response, require_key
-from asr_app.ui.app import build_app as build_gradio_app
 from asr_app.ui.engine import UiEngine
 
 log = logging.getLogger(__name__)
@@ -94,6 +92,10 @@ def build_app(engine: UiEngine, access: AccessSettings = AccessSettings(), mount
     app.include_router(build_router(engine, access))
     app.include_router(build_live_router(engine, access))
     if mount_ui:
+        # imported here: the API alone (mount_ui=False, as the serving bench runs it) needs no Gradio
+        import gradio as gr
+
+        from asr_app.ui.app import build_app as build_gradio_app
         demo = build_gradio_app(engine)
         app = gr.mount_gradio_app(app, demo, path="/", max_file_size=f"{int(engine.limits.max_upload_mb)}mb",
                                   ssr_mode=False, auth_dependency=None)
