@@ -69,15 +69,22 @@ class BatchSizer:
     `margin` cheaper per row than the best smaller one (every row of a batch waits for the whole batch).
     So a device where batching does not pay (a CPU, for short re-decodes) settles on one row, never on a
     slower larger batch.
+
+    The first `warmup` batches of each size are not counted: a size's first batch carries one-time work
+    the decoder cannot all report (new workspaces, kernels tuned for the new shape, graphs captured on
+    first use), and a size judged on it would never be tried again (an H100 run stayed at one row for good
+    that way: docs/serving.md). The decoder's own report of such work (`setup_s`) is left out of every batch.
     """
 
-    def __init__(self, max_rows: int, memory: float = 0.2, margin: float = 0.1) -> None:
+    def __init__(self, max_rows: int, memory: float = 0.2, margin: float = 0.1, warmup: int = 1) -> None:
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.sizes = [s for s in (1 << k for k in range(12)) if s <= max_rows]
         self.memory = memory
         self.margin = margin
+        self.warmup = warmup
         self.cost: dict[int, float] = {}   # batch size -> running seconds per row
+        self.seen: dict[int, int] = {}     # batch size -> batches recorded, warm-up ones included
 
     def choose(self, ready: int) -> int:
         """The batch size for `ready` compatible requests (at least 1, at most `ready`)."""
@@ -100,6 +107,9 @@ class BatchSizer:
 
     def record(self, rows: int, seconds: float) -> None:
         size = max(s for s in self.sizes if s <= rows) if rows >= 1 else 1
+        self.seen[size] = self.seen.get(size, 0) + 1
+        if self.seen[size] <= self.warmup:
+            return
         per_row = seconds / rows
         old = self.cost.get(size)
         self.cost[size] = per_row if old is None else (1 - self.memory) * old + self.memory * per_row
@@ -330,7 +340,7 @@ class Scheduler:
         started = time.perf_counter()
         outcomes = self._outcomes(batch)
         elapsed = time.perf_counter() - started
-        self.sizer.record(len(batch), elapsed)
+        self.sizer.record(len(batch), max(0.0, elapsed - _one_time_s(outcomes)))
         now = time.monotonic()
         with self._cond:
             self._metrics.count_batch([r.clip for r in batch], outcomes, elapsed)
@@ -359,6 +369,12 @@ class Scheduler:
             except Exception as exc:  # noqa: BLE001
                 outcomes.append(exc)
         return outcomes
+
+
+def _one_time_s(outcomes: list[DecodingResult | BaseException]) -> float:
+    """What the decode spent on work it does once per shape (cost timing, graph captures): not a per-row cost.
+    Every row of one decode reports the same figure."""
+    return max((o.stats.setup_s for o in outcomes if isinstance(o, DecodingResult)), default=0.0)
 
 
 class ScheduledDecoder:

@@ -19,7 +19,8 @@ mv .gpu/part2/d/tokenizer.json .gpu/part1/d_tokenizer.json
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d .gpu/whl soundfile soxr jiwer rapidfuzz cffi pycparser click \
     fastapi starlette pydantic pydantic_core annotated-types typing-inspection typing_extensions uvicorn websockets \
-    openai jiter distro sniffio python-multipart  # the last two lines: the serving bench (gpu_check.sh serve)
+    opentelemetry-api openai jiter distro sniffio httpx2 httpcore2 truststore idna \
+    python-multipart  # from fastapi on: the serving bench (gpu_check.sh serve), each name seen missing there
 du -sh .gpu/part1 .gpu/part2 .gpu/whl
 cat <<'CALLS'
 

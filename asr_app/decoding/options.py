@@ -160,7 +160,7 @@ class DecodingStats:
     hint_accepted: int = 0   # hint tokens kept
     acceptance_rate: float | None = None         # None when nothing was drafted
     mean_accepted_per_step: float | None = None  # accepted drafts per target call; None as above
-    setup_s: float = 0.0     # step-cost timing and graph captures a decoder's first decodes make first (in total_s)
+    setup_s: float = 0.0     # one-time work: step-cost timing, graph captures before or in the loop (in total_s)
     encoder_s: float = 0.0
     draft_s: float = 0.0
     target_s: float = 0.0

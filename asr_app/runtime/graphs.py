@@ -23,6 +23,7 @@ replay that follows, because the inputs are already loaded.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -133,12 +134,14 @@ class BakedValueError(RuntimeError):
 
 @dataclass
 class GraphStats:
-    """What a StepRunner holds and has done: captured keys now (at most `max_graphs`), captures, evictions."""
+    """What a StepRunner holds and has done: captured keys now (at most `max_graphs`), captures, evictions,
+    and the seconds its CUDA graph captures took (their warm-up runs included)."""
 
     graphs: int
     max_graphs: int
     captures: int
     evictions: int
+    capture_s: float = 0.0
 
 
 def _poison_(t: torch.Tensor) -> None:
@@ -186,6 +189,11 @@ class _Captured:
         with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             self.outputs = self._body()
 
+    @property
+    def fresh(self) -> bool:
+        """Not yet run: its next run captures (emulated, its first run stands for the capture)."""
+        return self.graph is None if self.mode == "cuda" else self.outputs is None
+
     def run(self, tensors: dict[str, torch.Tensor], start: int, pool=None) -> dict[str, torch.Tensor]:
         for name, t in tensors.items():
             self.inputs[name].copy_(t)
@@ -223,11 +231,12 @@ class StepRunner:
         self.max_graphs = max_graphs
         self.captured: OrderedDict[tuple, _Captured] = OrderedDict()
         self.captures = self.evictions = 0
+        self.capture_s = 0.0  # time spent capturing CUDA graphs: one-time work a caller may leave out of a cost
         self.pool = None  # the CUDA graphs' shared memory pool, made at the first capture
         self._last: _Captured | None = None
 
     def stats(self) -> GraphStats:
-        return GraphStats(len(self.captured), self.max_graphs, self.captures, self.evictions)
+        return GraphStats(len(self.captured), self.max_graphs, self.captures, self.evictions, self.capture_s)
 
     def run(self, key: tuple, fn: StepFn, tensors: dict[str, torch.Tensor], start: int, length: int,
             capturable: bool = True, **static):
@@ -246,9 +255,17 @@ class StepRunner:
             mask = None if length == 1 else visible_keys(positions, span)
             return fn(positions=positions, span=span, mask=mask, **tensors, **static)
         step = self._step(key, fn, tensors, static, length)
-        if self.mode == "cuda" and self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
+        capturing, cuda = step.fresh, self.mode == "cuda"
+        if capturing:
+            if cuda:
+                self.pool = self.pool or torch.cuda.graph_pool_handle()
+                torch.cuda.synchronize()   # so the timer holds the capture's own work, not earlier queued steps
+            started = time.perf_counter()
         out = step.run(tensors, start, self.pool)
+        if capturing:
+            if cuda:
+                torch.cuda.synchronize()
+            self.capture_s += time.perf_counter() - started
         if self.mode == "emulate" and self._last is not None and self._last is not step and self._last.outputs:
             for t in self._last.outputs.values():
                 _poison_(t)
