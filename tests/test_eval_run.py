@@ -126,6 +126,39 @@ def test_greedy_gives_identical_hypotheses_across_modes(decoder, normalizer, tmp
     assert by["baseline"].wer.wer < 0.3
 
 
+class OptionsLog:
+    """The real decoder, with the options of every decode it was asked for written down."""
+
+    def __init__(self, decoder) -> None:
+        self.decoder, self.options_seen = decoder, []
+
+    pair = property(lambda self: self.decoder.pair)
+    options = property(lambda self: self.decoder.options)
+
+    def decode(self, clips, options=None, prompts=None, hints=None):
+        self.options_seen.append(options)
+        return self.decoder.decode(clips, options, prompts=prompts, hints=hints)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_each_utterance_samples_from_its_own_stream(decoder, normalizer, tmp_path, temperature):
+    # One seed for every clip would give every clip the same uniforms at the same step, and a seed's corpus
+    # WER would swing with that one stream (docs/eval.md, run D). At T = 0 the seed is left alone.
+    import dataclasses
+
+    from asr_app.decoding.seeds import derive_seed
+
+    utts = load_dataset("librispeech", librispeech_subset(tmp_path, SHORT_IDS))
+    options = dataclasses.replace(decoder.options, temperature=temperature, seed=3, max_new_tokens=6)
+    log = OptionsLog(decoder)
+    run_evaluation(log, utts, mode_specs(options, ["off", "exact"]), normalizer, warmup=0, profile="off",
+                   progress=False)
+    seeds = [o.seed for o in log.options_seen]
+    expected = [derive_seed(3, u.id) for u in utts] if temperature > 0 else [3, 3]
+    assert seeds == [expected[0], expected[0], expected[1], expected[1]]   # the modes of one clip stay paired
+    assert temperature == 0 or expected[0] != expected[1]
+
+
 def test_corrupt_audio_empty_reference_and_greedy_sweep(tmp_path, capsys):
     refs = _references() | {"1089-134691-0000": ""}
     ids = ("1089-134686-0001", "1089-134691-0000", "1089-134691-0001")
