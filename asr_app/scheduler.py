@@ -338,9 +338,10 @@ class Scheduler:
         if not batch:
             return
         started = time.perf_counter()
-        outcomes = self._outcomes(batch)
+        outcomes, together = self._outcomes(batch)
         elapsed = time.perf_counter() - started
-        self.sizer.record(len(batch), max(0.0, elapsed - _one_time_s(outcomes)))
+        if together:   # a batch redone row by row after a failure says nothing of what a batch costs
+            self.sizer.record(len(batch), max(0.0, elapsed - _one_time_s(outcomes)))
         now = time.monotonic()
         with self._cond:
             self._metrics.count_batch([r.clip for r in batch], outcomes, elapsed)
@@ -352,28 +353,29 @@ class Scheduler:
             else:
                 request.future.set_result(outcome)
 
-    def _outcomes(self, batch: list[_Request]) -> list[DecodingResult | BaseException]:
-        """Results of the batch in one decode; if it fails, row by row, so a bad row fails alone."""
+    def _outcomes(self, batch: list[_Request]) -> tuple[list[DecodingResult | BaseException], bool]:
+        """Results of the batch in one decode; if it fails, row by row, so a bad row fails alone. The flag:
+        whether they came from one decode of the whole batch."""
         options = batch[0].options
         try:
             return list(self.decoder.decode([r.clip for r in batch], options, prompts=[r.prompt for r in batch],
-                                            hints=[r.hint for r in batch]))
+                                            hints=[r.hint for r in batch])), True
         except Exception as exc:  # noqa: BLE001 - retried per row below
             if len(batch) == 1:
                 log.info("decode failed: %s: %s", type(exc).__name__, exc)
-                return [exc]
+                return [exc], False
         outcomes: list[DecodingResult | BaseException] = []
         for r in batch:
             try:
                 outcomes.append(self.decoder.decode([r.clip], options, prompts=[r.prompt], hints=[r.hint])[0])
             except Exception as exc:  # noqa: BLE001
                 outcomes.append(exc)
-        return outcomes
+        return outcomes, False
 
 
 def _one_time_s(outcomes: list[DecodingResult | BaseException]) -> float:
-    """What the decode spent on work it does once per shape (cost timing, graph captures): not a per-row cost.
-    Every row of one decode reports the same figure."""
+    """What one decode of a batch spent on work it does once per shape (cost timing, graph captures): not a
+    per-row cost. Every row of one decode reports the same figure."""
     return max((o.stats.setup_s for o in outcomes if isinstance(o, DecodingResult)), default=0.0)
 
 

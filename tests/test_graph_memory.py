@@ -178,19 +178,30 @@ def test_no_greedy_decode_captures_a_target_step_mid_loop(tiny_pair, batch, mode
 def test_steps_first_run_in_the_loop_count_as_setup_not_as_loop_time(tiny_pair):
     # A step captured mid-loop (a draft step of a new length, say) is one-time work: it belongs in setup_s, the
     # figure the scheduler's batch sizer and the benches leave out, and not also in the draft/target times.
+    # Sampled, so no width is captured before the loop: every capture of this decode happens inside it.
     from asr_app.decoding.gamma import StepCosts
 
     dec = decoder(tiny_pair, "emulate")
-    dec._step_costs = StepCosts(draft=0.05, target=1.0, per_token=0.0)
-    opts = DecodingOptions(mode="exact", max_new_tokens=24)
+    dec._step_costs = StepCosts(draft=0.05, target=1.0, per_token=0.0)   # pinned: no cost timing in setup
+    opts = DecodingOptions(mode="exact", max_new_tokens=24, temperature=1.0, seed=5)
     first = dec.decode_features(features(2) + 7, opts)[0].stats
     runner = dec._workspaces[(2, True)].runner
     captured_s = runner.capture_s
-    assert captured_s > 0 and first.setup_s >= captured_s   # every step of this workspace was first run here
+    assert captured_s > 0 and first.setup_s >= captured_s
     assert first.total_s >= first.setup_s + first.encoder_s + first.draft_s + first.target_s + first.verify_s
     again = dec.decode_features(features(2) + 7, opts)[0].stats
     assert runner.capture_s == captured_s                   # the same shapes: nothing new to capture
     assert again.setup_s < first.setup_s / 5
+
+
+def test_loop_timings_leave_out_the_time_spent_capturing():
+    from asr_app.decoding.loop import Timings
+
+    clock, captured = iter([10.0, 11.0, 14.0, 14.5]), iter([0.0, 0.0, 2.5, 2.5])
+    timings = Timings(captured=lambda: next(captured), clock=lambda: next(clock))
+    assert timings.lap() == 1.0          # no capture in this lap
+    assert timings.lap() == 0.5          # 3 s, 2.5 of them capturing
+    assert timings.lap() == 0.5
 
 
 def test_step_costs_use_the_timed_width_where_there_is_one():

@@ -73,7 +73,7 @@ class StepTimer:
         """Median seconds per call of `fn`, run `chained` times in a row between two syncs."""
         def sync():
             if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+                torch.cuda.current_stream(self.device).synchronize()
 
         with torch.inference_mode():
             fn()  # warm-up (and capture, with graphs)

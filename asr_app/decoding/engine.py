@@ -359,7 +359,7 @@ class SpeculativeDecoder:
         draft_hidden = self._draft_view(draft_hidden, windows)
         workspace = self._workspace(encoder_hidden, draft_hidden)
         if device.type == "cuda":  # else the encoder's queued GPU work would be timed as the loop's
-            torch.cuda.synchronize(device)
+            torch.cuda.current_stream(device).synchronize()
         encoder_s = time.perf_counter() - t_begin
         steps = Steps(self.target_runtime, self.draft_runtime if speculative else None, workspace,
                       self._rules_for(opts.timestamps, False),

@@ -92,13 +92,14 @@ class Timings:
     """Wall time per phase with no device syncs (on CUDA it measures launch time unless synced). Time spent
     capturing graphs (`captured()`, running seconds) is left out: the decode reports it as setup."""
 
-    def __init__(self, captured: Callable[[], float] = lambda: 0.0) -> None:
-        self.captured = captured
-        self.t, self.capture_s = time.perf_counter(), captured()
+    def __init__(self, captured: Callable[[], float] = lambda: 0.0,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.captured, self.clock = captured, clock
+        self.t, self.capture_s = clock(), captured()
         self.draft_s = self.target_s = self.verify_s = 0.0
 
     def lap(self) -> float:
-        now, capture_s = time.perf_counter(), self.captured()
+        now, capture_s = self.clock(), self.captured()
         dt = now - self.t - (capture_s - self.capture_s)
         self.t, self.capture_s = now, capture_s
         return dt
@@ -288,12 +289,12 @@ class SpeculativeLoop:
         """Verify inside the profiler label the evaluator sums, timed with syncs on both sides."""
         cuda = self.device.type == "cuda"
         if cuda:
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
         t0, cpu0 = time.perf_counter(), time.process_time()
         with torch.profiler.record_function("asr_app.verify"):
             out = fn()
         if cuda:
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
         # Process CPU time does not count the time other programs held the cores, so it keeps
         # comparisons between modes fair on a loaded CPU (see docs/decoding.md).
         self.verify_cpu_s += time.process_time() - cpu0

@@ -169,6 +169,7 @@ class _Captured:
         self.static = static
         self.outputs: dict[str, torch.Tensor] | None = None
         self.graph = None
+        self.capture_s = 0.0  # the capture's time (emulated: the first run's); the replays are step time
 
     def _body(self) -> dict[str, torch.Tensor]:
         positions = self.start + self.offsets
@@ -176,6 +177,10 @@ class _Captured:
                        mask=visible_keys(positions, self.max_positions), **self.inputs, **self.static)
 
     def _capture(self, pool) -> None:
+        # Synced on this thread's stream only: a device-wide sync would break another thread's capture.
+        stream = torch.cuda.current_stream()
+        stream.synchronize()
+        started = time.perf_counter()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -188,11 +193,8 @@ class _Captured:
         # (the web app serves several sessions).
         with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             self.outputs = self._body()
-
-    @property
-    def fresh(self) -> bool:
-        """Not yet run: its next run captures (emulated, its first run stands for the capture)."""
-        return self.graph is None if self.mode == "cuda" else self.outputs is None
+        stream.synchronize()   # the warm-up runs on the side stream, which this stream waited for
+        self.capture_s = time.perf_counter() - started
 
     def run(self, tensors: dict[str, torch.Tensor], start: int, pool=None) -> dict[str, torch.Tensor]:
         for name, t in tensors.items():
@@ -203,9 +205,12 @@ class _Captured:
                 self._capture(pool)
             self.graph.replay()
             return self.outputs
+        first = self.outputs is None
+        started = time.perf_counter()
         with no_host_reads():
             out = self._body()
-        if self.outputs is None:
+        if first:
+            self.capture_s = time.perf_counter() - started
             self.outputs = {name: t.clone() for name, t in out.items()}
         else:
             for name, t in out.items():
@@ -255,17 +260,11 @@ class StepRunner:
             mask = None if length == 1 else visible_keys(positions, span)
             return fn(positions=positions, span=span, mask=mask, **tensors, **static)
         step = self._step(key, fn, tensors, static, length)
-        capturing, cuda = step.fresh, self.mode == "cuda"
-        if capturing:
-            if cuda:
-                self.pool = self.pool or torch.cuda.graph_pool_handle()
-                torch.cuda.synchronize()   # so the timer holds the capture's own work, not earlier queued steps
-            started = time.perf_counter()
+        if self.mode == "cuda" and self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        before = step.capture_s
         out = step.run(tensors, start, self.pool)
-        if capturing:
-            if cuda:
-                torch.cuda.synchronize()
-            self.capture_s += time.perf_counter() - started
+        self.capture_s += step.capture_s - before   # nonzero only on the run that captured
         if self.mode == "emulate" and self._last is not None and self._last is not step and self._last.outputs:
             for t in self._last.outputs.values():
                 _poison_(t)
