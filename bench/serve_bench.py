@@ -40,10 +40,9 @@ SHARED = Path(os.environ.get("ASR_SHARED_DIR", REPO.parent / "shared"))
 CHUNK_S = 0.5
 
 
-def clip_pool(count: int, root: Path | None = None, cycle: bool = False) -> list[tuple[Path, str]]:
+def clip_pool(count: int, root: Path | None = None) -> list[tuple[Path, str]]:
     """Real clips with human transcripts under `root` (default the shared audio): LibriSpeech (*.trans.txt),
-    LJSpeech (metadata.csv, .wav or .flac, over 4 s) and JFK (jfk/jfk.txt). With `cycle`, the pool repeats
-    until there are `count` clips (the test clips that travel to a GPU machine are fewer than its streams)."""
+    LJSpeech (metadata.csv, .wav or .flac, over 4 s) and JFK (jfk/jfk.txt); at most `count`."""
     root = root or SHARED / "audio"
     pool = []
     for trans in sorted((root / "librispeech").rglob("*.trans.txt")):
@@ -58,9 +57,13 @@ def clip_pool(count: int, root: Path | None = None, cycle: bool = False) -> list
             pool.append((path, fields[-1]))
     if (root / "jfk" / "jfk.txt").exists() and (root / "jfk" / "jfk.flac").exists():
         pool.append((root / "jfk" / "jfk.flac", (root / "jfk" / "jfk.txt").read_text().strip()))
-    if cycle and pool:
-        pool = [pool[i % len(pool)] for i in range(count)]
     return pool[:count]
+
+
+def repeat(items: list, count: int, cycle: bool = True) -> list:
+    """`items` repeated up to `count` (the test clips that travel to a GPU machine are fewer than its
+    streams); without `cycle`, as they are."""
+    return [items[i % len(items)] for i in range(count)] if cycle and items else items
 
 
 class LockScheduler:
@@ -162,9 +165,9 @@ def _q(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))] if values else None
 
 
-def load_clips(count: int, root: Path | None = None, cycle: bool = False) -> list[tuple[np.ndarray, str]]:
+def load_clips(count: int, root: Path | None = None) -> list[tuple[np.ndarray, str]]:
     out = []
-    for path, text in clip_pool(count, root, cycle):
+    for path, text in clip_pool(count, root):
         audio, rate = sf.read(str(path), dtype="float32")
         audio = audio.mean(axis=1) if audio.ndim == 2 else audio
         audio = soxr.resample(audio, rate, 16_000) if rate != 16_000 else audio
@@ -194,15 +197,16 @@ def make_engine(name: str, decoder, streaming, context_s: float, sessions: int):
 def bench_streams(decoder, streaming, counts: list[int], engines: list[str], context_s: float,
                   root: Path | None = None, cycle: bool = False) -> dict:
     from asr_app.wer import word_error_rate
-    clips = load_clips(max(counts), root, cycle)
-    distinct = len(clip_pool(max(counts), root))   # a repeated clip is streamed alone once
+    clips = load_clips(max(counts), root)
+    distinct = len(clips)   # a repeated clip is streamed alone once
+    clips = repeat(clips, max(counts), cycle)
     report: dict = {"clips_s": [round(len(p) / 16_000, 2) for p, _ in clips], "context_s": context_s,
                     "distinct_clips": distinct}
     for name in engines:
         engine = make_engine(name, decoder, streaming, context_s, max(counts))
         host, server = start_server(engine)
         alone = [run_streams(host, [clip])[0] for clip in clips[:distinct]]
-        alone = [alone[i % distinct] for i in range(len(clips))]
+        alone = repeat(alone, len(clips))
         alone_wer = [word_error_rate(text, r["text"]) for r, (_, text) in zip(alone, clips)]
         alone_lat = summarise(alone[:distinct], [t for _, t in clips[:distinct]], None)
         print(f"{name:18s} each clip alone: p90 {alone_lat['p90_s']:.2f} s, "
@@ -228,7 +232,7 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
     from asr_app.longform import transcribe
     from asr_app.scheduler import Scheduler
     from asr_app.ui.engine import UiEngine
-    paths = [p for p, _ in clip_pool(count, root, cycle)]
+    paths = repeat([p for p, _ in clip_pool(count, root)], count, cycle)
     engine = UiEngine.from_decoder(decoder).sharing(scheduler=Scheduler(decoder))
     host, server = start_server(engine)
     api = openai.OpenAI(base_url=f"http://{host}/v1", api_key="none", max_retries=0, timeout=600)

@@ -182,11 +182,11 @@ class _Captured:
         stream.synchronize()
         started = time.perf_counter()
         side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
+        side.wait_stream(stream)
         with torch.cuda.stream(side):
             for _ in range(2):
                 self._body()
-        torch.cuda.current_stream().wait_stream(side)
+        stream.wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         # The workspace's graphs share one memory pool (its replays run one after another on one stream, so
         # one graph's temporaries may reuse another's), and the capture ignores other threads' CUDA work
