@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from conftest import JFK_FLAC
 from scipy.stats import chisquare
-from test_decoding_greedy import SPEC_MODES, clips, load_clip, real_pair  # noqa: F401 (fixtures)
+from test_decoding_greedy import clips, load_clip, real_pair  # noqa: F401 (fixtures)
 from test_decoding_sampling import TOP, bucket_counts, bucket_probs, first_token_probs, shaped_pair  # noqa: F401
 
 from asr_app.decoding import DecodingOptions, SpeculativeDecoder
@@ -27,7 +27,9 @@ def jfk_cases(real_pair):  # noqa: F811
     return decoder, audio[: 10 * 16_000], shorter.tokens, longer.tokens
 
 
-@pytest.mark.parametrize("mode", ["off", *SPEC_MODES])
+# off and exact: at T = 0 every speculative mode verifies through one greedy function (kernels/api.py), so
+# baseline and sigmoid would run the same code again (tests/test_decoding_greedy.py checks all three).
+@pytest.mark.parametrize("mode", ["off", "exact"])
 def test_greedy_tokens_do_not_depend_on_the_hint(jfk_cases, mode):
     decoder, audio, previous, answer = jfk_cases
     opts = DecodingOptions(mode=mode, timestamps=True)

@@ -39,6 +39,7 @@ from asr_app.decoding.options import (
     RuntimeOptions,
 )
 from asr_app.decoding.prompt import Prompt, build_prompt, eos_token
+from asr_app.decoding.ragged import RaggedLoop
 from asr_app.decoding.rules import RuleState, WhisperLogitRules
 from asr_app.decoding.seeds import reseeded
 from asr_app.decoding.steps import Steps, Workspace
@@ -367,8 +368,8 @@ class SpeculativeDecoder:
         detected = self._detect_languages(workspace) if prompts[0].detect_language else None
         if detected is not None:
             prompts = [p.with_language(token) for p, (token, _) in zip(prompts, detected)]
-        loop = SpeculativeLoop(steps, opts, self.eos, max_len, prompts[0].sot_index, self.no_speech_id, generator,
-                               policy)
+        loop = self._loop_class(batch)(steps, opts, self.eos, max_len, prompts[0].sot_index, self.no_speech_id,
+                                       generator, policy)
         shared = self.pair.shared_encoder if speculative else False
         state = BatchState(
             rows=list(range(batch)), done=[False] * batch,
@@ -402,6 +403,12 @@ class SpeculativeDecoder:
                 self._add_words(result, encoder_hidden[r : r + 1], prompts[r], windows[r])
             results.append(result)
         return results
+
+    def _loop_class(self, batch: int) -> type[SpeculativeLoop]:
+        """Rows that keep their own accepted drafts (ragged.py) where steps run eagerly on unfused layers."""
+        unfused = not self.target_runtime.fused_layers and not (self.draft_runtime and self.draft_runtime.fused_layers)
+        ragged = self.runtime.ragged_batches and batch > 1 and self.graph_mode == "eager" and unfused
+        return RaggedLoop if ragged else SpeculativeLoop
 
     def _add_words(self, result: DecodingResult, encoder_hidden: torch.Tensor, prompt: Prompt, window: float) -> None:
         sot_sequence = list(prompt.tokens[prompt.sot_index :])

@@ -216,18 +216,11 @@ class SpeculativeLoop:
 
     # ------------------------------------------------------------------ 2. score and verify
     def score_and_verify(self, b: BatchState, p: Proposal) -> dict[str, torch.Tensor]:
-        ws, steps, opts = self.steps.ws, self.steps, self.opts
-        batch, gamma = b.history.shape[0], p.gamma
+        ws, steps = self.steps.ws, self.steps
+        gamma = p.gamma
         pending = b.history[:, ws.target.length:]
         ids = pending if p.tokens is None else torch.cat([pending, p.tokens], dim=1)
-        mode = opts.mode if p.drafted else "exact"  # a hint alone is a one-hot draft; no proposal: sampling from p
-        check_inputs = {"num_draft": self._num_draft_of(batch, gamma)}
-        q_logits = self._q_logits(p, batch)
-        if q_logits is not None:
-            check_inputs["draft_logits"] = q_logits
-        uniforms = self._uniforms(batch, gamma + 1)
-        if uniforms is not None and mode != "baseline":
-            check_inputs["uniforms"] = uniforms
+        mode, check_inputs = self._verify_inputs(p, b.history.shape[0])
         start, length = ws.target.length, ids.shape[1]
         first = b.generated == 0
         if self._replays_target(mode, gamma, length - gamma if first else 1):
@@ -239,6 +232,18 @@ class SpeculativeLoop:
         ws.target.length = start + length
         self.timings.target_s += self.timings.lap()
         return self._check(logits, ids[:, length - gamma:], check_inputs, mode, gamma)
+
+    def _verify_inputs(self, p: Proposal, batch: int) -> tuple[str, dict[str, torch.Tensor]]:
+        """The verification mode of this step and what verification reads besides the target's logits."""
+        mode = self.opts.mode if p.drafted else "exact"  # a hint alone is a one-hot draft; no proposal: sampling from p
+        check_inputs = {"num_draft": self._num_draft_of(batch, p.gamma)}
+        q_logits = self._q_logits(p, batch)
+        if q_logits is not None:
+            check_inputs["draft_logits"] = q_logits
+        uniforms = self._uniforms(batch, p.gamma + 1)
+        if uniforms is not None and mode != "baseline":
+            check_inputs["uniforms"] = uniforms
+        return mode, check_inputs
 
     def _replays_target(self, mode: str, gamma: int, pending: int) -> bool:
         """Whether this target step is captured: with graphs, unless the verification draws from a generator

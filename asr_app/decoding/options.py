@@ -88,6 +88,10 @@ class RuntimeOptions:
     # fused.AUTO_MAX_ROWS rows replayed from CUDA graphs on a Hopper GPU with Triton; False, or a CPU unasked
     # (Triton runs there only in its interpreter): never. Changes speed, and values to float rounding.
     fused_layers: bool | None = None
+    # Where steps run eagerly on unfused layers (a CPU), each row of a batch keeps every draft it accepted
+    # (decoding/ragged.py); False: every row keeps the fewest any row accepted (the lock-step loop, which
+    # captured graphs need). Changes speed, and at T > 0 which random numbers a row's draws use.
+    ragged_batches: bool = True
 
     def __post_init__(self) -> None:
         if self.cuda_graphs not in ("auto", "off", "emulate"):

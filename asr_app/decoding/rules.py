@@ -190,6 +190,20 @@ class WhisperLogitRules:
             self.timestamp.apply_(out, self.states_along(state, drafts))
         return out
 
+    def advance_rows(self, state: RuleState, tokens: torch.Tensor, counts: torch.Tensor) -> RuleState:
+        """State after appending to each row i its first counts[i] tokens of `tokens` [B, n] (rows that keep
+        different numbers of tokens, decoding/ragged.py; every count >= 1). `generated` moves by n: the rules
+        only ask whether it is 0, and the loop keeps each row's own count."""
+        if not self.stateful:
+            return RuleState(state.generated + tokens.shape[1], state.last_is_ts, state.penult_is_ts, state.last_ts)
+        for j in range(tokens.shape[1]):
+            after = state.advance(tokens[:, j], self.timestamp_begin)
+            live = counts > j
+            state = RuleState(after.generated, torch.where(live, after.last_is_ts, state.last_is_ts),
+                              torch.where(live, after.penult_is_ts, state.penult_is_ts),
+                              torch.where(live, after.last_ts, state.last_ts))
+        return state
+
     def advance(self, state: RuleState, tokens: torch.Tensor) -> RuleState:
         """State after appending tokens [B, n] (device ops only; the generated count is kept on the host)."""
         if not self.stateful:

@@ -85,12 +85,15 @@ class Steps:
         self.generator = generator  # only mode baseline draws from it inside a step (never captured)
 
     def draft_step(self, *, positions, span, mask, ids, last_is_ts, penult_is_ts, last_ts, uniform=None,
-                   generated: int) -> dict[str, torch.Tensor]:
+                   last=None, generated: int) -> dict[str, torch.Tensor]:
         """ids [B, L] -> the next draft token [B] (vocabulary ids), its processed logits [B, K] over the
-        draft's token space, and the rule state after it."""
+        draft's token space, and the rule state after it. `last` [B]: the column of each row's last real
+        token where rows are padded on the right (decoding/ragged.py); None: the last column."""
         hidden = self.draft.forward(self.ws.draft, ids, positions, span, mask)
+        hidden = (hidden[:, -1:] if last is None
+                  else hidden[torch.arange(hidden.shape[0], device=hidden.device), last][:, None])
         state = rule_state(generated, last_is_ts, penult_is_ts, last_ts)
-        logits = self.draft_rules.apply(self.draft.logits(hidden[:, -1:]), state)[:, 0]
+        logits = self.draft_rules.apply(self.draft.logits(hidden), state)[:, 0]
         token = self.draft.head.space.to_ids(choose(logits, self.options.temperature, uniform))
         after = self.draft_rules.advance(state, token[:, None])
         return {"token": token, "logits": logits, **state_tensors(after)}

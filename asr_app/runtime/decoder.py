@@ -7,6 +7,10 @@ over the first `span` slots with a mask that lets position i see slots 0..i. Eag
 change, and the mask hides the unused slots. Rolling back rejected tokens is moving the length: the
 slots past it are overwritten by the next step. Cross-attention keys and values are computed once per
 30 s window. Nothing here reads a value back to the host.
+
+Positions may also be given per row, [B, L] (decoding/ragged.py: rows whose caches hold different numbers
+of tokens): each row then writes its own slots and sees its own prefix (`visible_keys` per row). Unfused
+layers only.
 """
 
 from __future__ import annotations
@@ -46,6 +50,14 @@ class DecoderState:
         """Keep only the batch rows `rows` (finished rows leave the batch; eager mode only)."""
         self.self_k, self.self_v = self.self_k[:, rows], self.self_v[:, rows]
         self.cross_k, self.cross_v = self.cross_k[:, rows], self.cross_v[:, rows]
+
+
+def write_cache(cache: torch.Tensor, positions: torch.Tensor, new: torch.Tensor) -> None:
+    """Write `new` [B, H, L, hd] into `cache` [B, H, slots, hd] at `positions` [L], or [B, L] per row."""
+    if positions.dim() == 1:
+        cache.index_copy_(2, positions, new)
+    else:
+        cache.scatter_(2, positions[:, None, :, None].expand_as(new), new)
 
 
 class DecoderRuntime:
@@ -111,7 +123,7 @@ class DecoderRuntime:
     # ------------------------------------------------------------------ the step
     def forward(self, state: DecoderState, ids: torch.Tensor, positions: torch.Tensor, span: int,
                 mask: torch.Tensor | None, probe: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
-        """Hidden states [B, L, d] of tokens `ids` [B, L] at `positions` [L] (device); see the module doc.
+        """Hidden states [B, L, d] of tokens `ids` [B, L] at `positions` [L] or [B, L] (device); see the module doc.
 
         `mask` bool [L, span] (`visible_keys(positions, span)`), or None when every query sees all `span`
         slots (one new token appended eagerly). `probe`: layer index -> filled with that layer's
@@ -122,6 +134,8 @@ class DecoderRuntime:
             x = x * w.embed_scale
         x = x + w.embed_positions[positions]
         fused = self.fused_layers and (self.fused_max_rows is None or ids.numel() <= self.fused_max_rows)
+        if fused and positions.dim() > 1:
+            raise ValueError("per-row positions need the unfused layers")
         layer_step = self._fused_layer if fused else self._layer
         for i, layer in enumerate(w.layers):
             x = layer_step(x, layer, state, i, positions, span, mask, probe)
@@ -148,8 +162,8 @@ class DecoderRuntime:
         if w.query_scale != 1.0:
             q = q * w.query_scale
         keys, values = state.self_k[index], state.self_v[index]
-        keys.index_copy_(2, positions, k)
-        values.index_copy_(2, positions, v)
+        write_cache(keys, positions, k)
+        write_cache(values, positions, v)
         attn = F.scaled_dot_product_attention(q, keys[:, :, :span], values[:, :, :span], attn_mask=mask, scale=1.0)
         x = x + linear(merge_heads(attn), *layer.self_out)
 

@@ -231,5 +231,7 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 def visible_keys(positions: torch.Tensor, span: int) -> torch.Tensor:
-    """bool [L, span]: query i (at absolute position positions[i]) sees cache slots 0..positions[i]."""
-    return torch.arange(span, device=positions.device)[None, :] <= positions[:, None]
+    """bool [L, span]: query i (at absolute position positions[i]) sees cache slots 0..positions[i]; for
+    per-row positions [B, L], bool [B, 1, L, span] (one mask per row, shared by the heads)."""
+    visible = torch.arange(span, device=positions.device) <= positions[..., None]
+    return visible if positions.dim() == 1 else visible[:, None]
