@@ -38,6 +38,10 @@ from asr_app.vad import SpeechDetector
 _NORMALISE = re.compile(r"[^\w']+")
 STEP_S = 0.3  # least new audio before a re-decode (docs/streaming.md: chosen from bench/stream_bench.py)
 EDGE_S = 0.3  # local-agreement: agreed words must end this far before the buffer's end (docs/streaming.md)
+# Rewritten committed words: the last committed words (up to this many) found again ending this near
+# where they were committed mark where the new words start (CommitPolicy._after_anchor).
+ANCHOR_WORDS = 3
+ANCHOR_S = 0.6
 
 
 @dataclass(frozen=True)
@@ -121,14 +125,33 @@ class CommitPolicy(abc.ABC):
             i += 1
         if i == len(self.in_buffer):
             return list(hypothesis[i:])
-        # The model changed words we already committed: fall back to time, as whisper_streaming does,
-        # then drop a repeated n-gram at the seam (the same words heard twice across the cut).
+        # The model changed words we already committed ("stuff it" became "Stuffered"). Where the last
+        # committed words are still there near where they ended, what follows them is new: word times move
+        # between decodes (by 0.16 s, measured), so a cut by time alone can drop the next word.
+        anchored = self._after_anchor(hypothesis)
+        if anchored is not None:
+            return anchored
+        # Else fall back to time, as whisper_streaming does, then drop a repeated n-gram at the seam (the
+        # same words heard twice across the cut).
         rest = [w for w in hypothesis if w.start > self.committed_end - 0.1]
         committed_keys = [w.key for w in self.in_buffer]
         for n in range(min(5, len(rest), len(committed_keys)), 0, -1):
             if [w.key for w in rest[:n]] == committed_keys[-n:]:
                 return rest[n:]
         return rest
+
+    def _after_anchor(self, hypothesis: Sequence[Word]) -> list[Word] | None:
+        """The words after the last committed words (the longest of their last ANCHOR_WORDS found), matched
+        in `hypothesis` where they end within ANCHOR_S of where they were committed; None: not found."""
+        keys = [w.key for w in hypothesis]
+        committed = [w.key for w in self.in_buffer]
+        for n in range(min(ANCHOR_WORDS, len(committed)), 0, -1):
+            ends = [i + n for i in range(len(keys) - n + 1) if keys[i : i + n] == committed[-n:]
+                    and abs(hypothesis[i + n - 1].end - self.committed_end) <= ANCHOR_S]
+            if ends:
+                best = min(ends, key=lambda e: abs(hypothesis[e - 1].end - self.committed_end))
+                return list(hypothesis[best:])
+        return None
 
     def flush(self) -> list[Word]:
         """Commit the whole tail (end of stream, or a forced buffer cut)."""

@@ -84,6 +84,22 @@ def test_rewritten_committed_words_fall_back_to_time_and_ngram():
     assert [w.text for w in la.in_buffer] == ["the", "cat", "sat"]
 
 
+def test_rewritten_committed_words_do_not_drop_the_next_word():
+    # Hypotheses of a real stream (LibriSpeech 1089-134686-0001, tiny.en, a decode every 0.5 s): the last one
+    # rewrites the committed "stuff it" as "Stuffered" and moves "counseled" 0.16 s earlier, before the old
+    # time cut (committed end - 0.1 s). The committed "you, his belly," found again there anchors the new words.
+    la = LocalAgreement()
+    words = [("stuff", 0.0, 0.82), ("it", 0.82, 0.98), ("into", 0.98, 1.24), ("you,", 1.24, 1.66), ("his", 1.84, 1.9),
+             ("belly,", 1.9, 2.34), ("counseled", 2.34, 2.68), ("him.", 2.68, 2.98)]
+    la.insert([Word(a, b, t) for t, a, b in words[:6]], buffer_end=3.0)
+    assert [w.text for w in la.insert([Word(a, b, t) for t, a, b in words], buffer_end=3.5)] == [
+        t for t, _, _ in words[:6]]
+    last = [("Stuffered", 0.0, 0.94), ("into", 0.94, 1.26), ("you,", 1.26, 1.8), ("his", 1.8, 1.9),
+            ("belly", 1.9, 2.18), ("counseled", 2.18, 2.7), ("him.", 2.7, 3.26)]
+    assert [w.text for w in la.insert([Word(a, b, t) for t, a, b in last], buffer_end=3.27)] == ["counseled"]
+    assert [w.text for w in la.flush()] == ["him."]
+
+
 def test_flush_commits_tail_and_trim_forgets_old_words():
     la = LocalAgreement()
     la.insert(hyp(("x", 0.5), ("y", 1.0)))
