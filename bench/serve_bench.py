@@ -5,7 +5,8 @@ Streams: each of N clients plays a different real clip as 0.5 s PCM16 frames at 
 is sent once its audio has "been spoken", at t0 + (k + 1) * 0.5 s), then sends stop. For every committed
 word, latency = arrival of the commit event - (t0 + the word's end in the audio); p50/p90/max over all
 words of all streams. Each clip is also streamed alone (N = 1) per engine, and every stream's WER (against
-the clip's human transcript) is compared with its alone run.
+the clip's human transcript) is compared with its alone run, and with the clip transcribed whole
+(`transcribe()`, as asr-transcribe does).
 
 Engines: `scheduler` (asr_app.scheduler, what asr-serve runs), `scheduler+context` (the same, live
 re-decodes encoding their buffer plus --context seconds: `asr-serve --live-encoder-context`) and `lock`
@@ -150,7 +151,8 @@ def run_streams(host: str, clips: list[tuple[np.ndarray, str]]) -> list[dict]:
     return asyncio.run(everyone())
 
 
-def summarise(results: list[dict], references: list[str], alone_wer: list[float] | None) -> dict:
+def summarise(results: list[dict], references: list[str], alone_wer: list[float] | None,
+              offline_wer: list[float] | None = None) -> dict:
     from asr_app.wer import word_error_rate
     lat = sorted(x for r in results for x in r["latencies"])
     wers = [word_error_rate(ref, r["text"]) for r, ref in zip(results, references)]
@@ -158,7 +160,18 @@ def summarise(results: list[dict], references: list[str], alone_wer: list[float]
            "wer": wers}
     if alone_wer is not None:
         out["wer_minus_alone_max"] = max(w - a for w, a in zip(wers, alone_wer))
+    if offline_wer is not None:
+        out["wer_minus_offline_max"] = max(w - o for w, o in zip(wers, offline_wer))
     return out
+
+
+def offline_wers(decoder, clips: list[tuple[np.ndarray, str]]) -> list[float]:
+    """Each clip's WER transcribed whole (`transcribe()`, what asr-transcribe writes), not streamed: what a
+    stream's text is compared with besides the same clip streamed alone, whose text depends on the moments
+    of its re-decodes too."""
+    from asr_app.longform import transcribe
+    from asr_app.wer import word_error_rate
+    return [word_error_rate(text, transcribe(decoder, pcm.astype(np.float32) / 32767).text) for pcm, text in clips]
 
 
 def _q(values: list[float], q: float) -> float | None:
@@ -200,8 +213,9 @@ def bench_streams(decoder, streaming, counts: list[int], engines: list[str], con
     clips = load_clips(max(counts), root)
     distinct = len(clips)   # a repeated clip is streamed alone once
     clips = repeat(clips, max(counts), cycle)
+    offline_wer = repeat(offline_wers(decoder, clips[:distinct]), len(clips))
     report: dict = {"clips_s": [round(len(p) / 16_000, 2) for p, _ in clips], "context_s": context_s,
-                    "distinct_clips": distinct}
+                    "distinct_clips": distinct, "offline_wer": offline_wer}
     for name in engines:
         engine = make_engine(name, decoder, streaming, context_s, max(counts))
         host, server = start_server(engine)
@@ -215,9 +229,10 @@ def bench_streams(decoder, streaming, counts: list[int], engines: list[str], con
         rows = {}
         for n in counts:
             results = run_streams(host, clips[:n])
-            rows[n] = summarise(results, [t for _, t in clips[:n]], alone_wer[:n])
+            rows[n] = summarise(results, [t for _, t in clips[:n]], alone_wer[:n], offline_wer[:n])
             print(f"{name:18s} N={n}: p50 {rows[n]['p50_s']:.2f} s, p90 {rows[n]['p90_s']:.2f} s, "
-                  f"max {rows[n]['max_s']:.2f} s, WER-alone max {rows[n]['wer_minus_alone_max']:+.3f}", flush=True)
+                  f"max {rows[n]['max_s']:.2f} s, WER-alone max {rows[n]['wer_minus_alone_max']:+.3f}, "
+                  f"WER-offline max {rows[n]['wer_minus_offline_max']:+.3f}", flush=True)
         metrics = engine.scheduler.metrics()
         report[name] = {"alone_wer": alone_wer, "alone": alone_lat, "streams": rows,
                         "batches_by_rows": metrics.rows_per_batch, "sizer_s_per_row": metrics.sizer}
@@ -273,18 +288,21 @@ def streams_table(report: dict) -> str:
     repeated = f" ({distinct} distinct, repeated)" if distinct < clips else ""
     where = report.get("device", "cpu")
     where = report.get("cpu", "") if where == "cpu" else f"{where}, host {report.get('cpu', '')}"
+    # runs before 2026-11-26 did not transcribe the clips whole: their tables keep seven columns
+    offline = (" worst WER - whole clip |", "---|") if "offline_wer" in streams else ("", "")
     lines = [f"tiny.en + distilled draft, `exact`, {report['threads']} threads, {clips} real clips{repeated} "
              f"({sum(streams['clips_s']):.0f} s) streamed at real-time pace over the WebSocket; encoder context "
              f"{streams['context_s']:g} s for `scheduler+context`; {where}",
              "",
-             "| engine | N | p50 s | p90 s | worst s | mean WER | worst WER - alone |",
-             "|---|---|---|---|---|---|---|"]
+             "| engine | N | p50 s | p90 s | worst s | mean WER | worst WER - alone |" + offline[0],
+             "|---|---|---|---|---|---|---|" + offline[1]]
     for engine in engines:
         rows = streams[engine]["streams"]
         for n in counts:
             row = rows.get(str(n)) or rows.get(n)
             lines.append(f"| {engine} | {n} | {row['p50_s']:.2f} | {row['p90_s']:.2f} | {row['max_s']:.2f} | "
-                         f"{100 * sum(row['wer']) / len(row['wer']):.1f}% | {100 * row['wer_minus_alone_max']:+.1f} |")
+                         f"{100 * sum(row['wer']) / len(row['wer']):.1f}% | {100 * row['wer_minus_alone_max']:+.1f} |"
+                         + (f" {100 * row['wer_minus_offline_max']:+.1f} |" if offline[0] else ""))
     api = report.get("api")
     if api:
         lines += ["", f"API: {api['requests']} requests at once {api['concurrent_s']:.1f} s, one at a time "
