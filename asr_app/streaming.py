@@ -38,9 +38,10 @@ from asr_app.vad import SpeechDetector
 _NORMALISE = re.compile(r"[^\w']+")
 STEP_S = 0.3  # least new audio before a re-decode (docs/streaming.md: chosen from bench/stream_bench.py)
 EDGE_S = 0.3  # local-agreement: agreed words must end this far before the buffer's end (docs/streaming.md)
-# Rewritten committed words: the last committed words (up to this many) found again ending this near
-# where they were committed mark where the new words start (CommitPolicy._after_anchor).
-ANCHOR_WORDS = 3
+# Rewritten committed words: the last committed words (3, else 2) found again ending this near where they
+# were committed mark where the new words start (CommitPolicy._after_anchor). Never one word alone: a short
+# word ("and", "that") recurs nearby, and a wrong anchor would repeat words or drop them.
+ANCHOR_WORDS = (3, 2)
 ANCHOR_S = 0.6
 
 
@@ -125,8 +126,8 @@ class CommitPolicy(abc.ABC):
             i += 1
         if i == len(self.in_buffer):
             return list(hypothesis[i:])
-        # The model changed words we already committed ("stuff it" became "Stuffered"). Where the last
-        # committed words are still there near where they ended, what follows them is new: word times move
+        # The model changed words we already committed ("stuff it" became "Stuffered"). Where the last two or
+        # three committed words are still there near where they ended, what follows them is new: word times move
         # between decodes (by 0.16 s, measured), so a cut by time alone can drop the next word.
         anchored = self._after_anchor(hypothesis)
         if anchored is not None:
@@ -141,11 +142,11 @@ class CommitPolicy(abc.ABC):
         return rest
 
     def _after_anchor(self, hypothesis: Sequence[Word]) -> list[Word] | None:
-        """The words after the last committed words (the longest of their last ANCHOR_WORDS found), matched
-        in `hypothesis` where they end within ANCHOR_S of where they were committed; None: not found."""
+        """The words after the last committed words (their last 3, else 2, as ANCHOR_WORDS says), matched in
+        `hypothesis` where they end within ANCHOR_S of where they were committed; None: not found."""
         keys = [w.key for w in hypothesis]
         committed = [w.key for w in self.in_buffer]
-        for n in range(min(ANCHOR_WORDS, len(committed)), 0, -1):
+        for n in (n for n in ANCHOR_WORDS if n <= len(committed)):
             ends = [i + n for i in range(len(keys) - n + 1) if keys[i : i + n] == committed[-n:]
                     and abs(hypothesis[i + n - 1].end - self.committed_end) <= ANCHOR_S]
             if ends:

@@ -86,6 +86,19 @@ def test_gamma_heuristic_and_fixed():
     assert fixed.next(100) == 3 and fixed.next(0) == 0
 
 
+def test_gamma_policies_learn_from_ragged_rows():
+    # the heuristic schedule moves once per step, by the rows' mean; one move per row would swing it
+    policy = GammaPolicy()
+    policy.update_rows(5, [5, 5, 5, 4])   # mean 4.75 rounds to 5: every draft, as a step
+    assert policy.next(100) == 7
+    policy.update_rows(7, [7, 0, 0, 0])
+    assert policy.next(100) == 6
+    # the cost policy's acceptance sees each row's prefix: 3 rows that took all 4 drafts, one that took 1
+    rows = CostAwareGamma(StepCosts(draft=0.1, target=1.0, per_token=0.02), AcceptanceEstimate(prior=0.5, weight=2))
+    rows.update_rows(4, [4, 4, 4, 1])
+    assert rows.acceptance.value == pytest.approx((1 + 13) / (2 + 13 + 1), rel=0.02)
+
+
 def test_expected_tokens_matches_simulation():
     assert expected_tokens(0.5, 2) == pytest.approx(1.75) and expected_tokens(1.0, 4) == 5 and expected_tokens(0.3, 0) == 1
     gen = torch.Generator().manual_seed(0)

@@ -100,6 +100,17 @@ def test_rewritten_committed_words_do_not_drop_the_next_word():
     assert [w.text for w in la.flush()] == ["him."]
 
 
+def test_one_recurring_word_is_not_an_anchor():
+    # Committed "that is that"; the next decode rewrites the last "that" as "than". "that" alone recurs 0.5 s
+    # earlier: anchored there, "is than" would be committed a second time. Two words are the least anchor.
+    la = LocalAgreement()
+    first = [Word(3.9, 4.5, "that"), Word(4.5, 4.6, "is"), Word(4.6, 5.0, "that")]
+    la.insert(first, buffer_end=6.0)
+    assert [w.text for w in la.insert(first, buffer_end=6.5)] == ["that", "is", "that"]
+    la.insert([Word(3.9, 4.5, "that"), Word(4.5, 4.6, "is"), Word(4.6, 5.0, "than"), Word(5.0, 5.3, "it")], 7.0)
+    assert [w.text for w in la.flush()] == ["it"]
+
+
 def test_flush_commits_tail_and_trim_forgets_old_words():
     la = LocalAgreement()
     la.insert(hyp(("x", 0.5), ("y", 1.0)))

@@ -1,6 +1,7 @@
 """How many tokens the draft proposes per step.
 
-Three policies with one interface (`next(budget)` before a step, `update(drafted, accepted)` after it):
+Three policies with one interface (`next(budget)` before a step, `update(drafted, accepted)` after it, or
+`update_rows(drafted, accepted per row)` after a step of a ragged batch, decoding/ragged.py):
 
 - fixed: always the same gamma;
 - heuristic: transformers' assisted-generation schedule (start at 5, +2 when every draft was accepted,
@@ -41,6 +42,11 @@ class GammaPolicy:
         if self.fixed is not None or gamma == 0:
             return
         self.current = self.current + 2 if accepted == gamma else max(1, self.current - 1)
+
+    def update_rows(self, gamma: int, accepted: list[int]) -> None:
+        """After a step whose rows each kept their own drafts (decoding/ragged.py): one move of the schedule,
+        by the rows' mean (a move per row would swing it B times a step)."""
+        self.update(gamma, round(sum(accepted) / len(accepted)))
 
 
 @dataclass(frozen=True)
@@ -135,3 +141,9 @@ class CostAwareGamma:
         if gamma > 0:
             self.acceptance.update(gamma, accepted)
             self.memory.estimate.update(gamma, accepted)
+
+    def update_rows(self, gamma: int, accepted: list[int]) -> None:
+        """After a step whose rows each kept their own drafts (decoding/ragged.py): each row's prefix is an
+        observation of the per-draft acceptance."""
+        for count in accepted:
+            self.update(gamma, count)

@@ -11,10 +11,9 @@ tokens. Every step then gives each row its own positions ([B, L]: the row's cach
 embeddings and causal mask, runtime/decoder.py). The target is always fed one pending token plus the
 proposals per row, so its columns line up and verification is unchanged. The draft lags each row by a
 different number of tokens (one, or more after a step that accepted every draft or a hint), so its first
-call of a step feeds each row's missing tokens padded on the right to the longest; padding is written
-past the row's end (or, near the end of the cache, to its last slot, which no live row has reached), where
-the row's next real token overwrites it before any real query can see it, and the draft reads each row's
-next-token logits at the row's last real column. Each row's tokens are exactly what verifying its own
+call of a step feeds each row's missing tokens padded on the right to the longest; padding is written to
+the cache's last slot, which no live row reaches (a row stops two tokens short of it) and no real query sees,
+and the draft reads each row's next-token logits at the row's last real column. Each row's tokens are exactly what verifying its own
 drafts gives, so greedy output is the target's and sampled output keeps the target's distribution, as for
 one row alone.
 
@@ -127,8 +126,8 @@ class RaggedLoop(SpeculativeLoop):
                 finished.append(i)
             counts.append(taken + 1)
             accepted.append(taken)
-            if p.drafted:
-                self.policy.update(p.drafted, min(taken, p.drafted))
+        if p.drafted:
+            self.policy.update_rows(p.drafted, [min(taken, p.drafted) for taken in accepted])
         self._advance_rows_tracker(b, p, host, counts)
         kept = result["tokens"][:, : max(counts)].clamp_min(0)  # a finished row's padding must stay a valid id
         self._extend_history(b, kept, counts)
