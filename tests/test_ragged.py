@@ -3,10 +3,15 @@ each row's output alone. Also the runtime's per-row positions and the rules' per
 
 from __future__ import annotations
 
+import collections
+
+import numpy as np
 import pytest
 import torch
 from conftest import DISTIL_DRAFT_DIR, TINY_EN_DIR
-from test_decoding_greedy import clips, tiny_target  # noqa: F401  (clips: a fixture)
+from scipy.stats import chi2_contingency
+from test_decoding_greedy import clips, make_pair, tiny_target  # noqa: F401  (clips: a fixture)
+from test_decoding_sampling import shaped_pair  # noqa: F401  (a fixture)
 
 from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
 from asr_app.decoding.loop import SpeculativeLoop
@@ -49,6 +54,42 @@ def test_rows_reach_the_length_limit_at_their_own_steps(decoders, clips):  # noq
     alone = [ragged.decode(c, opts)[0].tokens for c in clips]
     assert all(len(t) == 5 for t in alone)  # every row stops at the limit, not at EOS
     assert [r.tokens for r in ragged.decode(clips, opts)] == alone
+
+
+def second_tokens(decoder, features, mode: str, seeds, **options) -> tuple[list[int], list]:
+    """The second sampled token of 400 rows per seed (T = 1), and the results."""
+    tokens, results = [], []
+    for seed in seeds:
+        opts = DecodingOptions(mode=mode, temperature=1.0, seed=seed, max_new_tokens=3, **options)
+        batch = decoder.decode_features(features.expand(400, -1, -1), opts)
+        tokens += [r.tokens[1] for r in batch if len(r.tokens) >= 2]
+        results += batch
+    return tokens, results
+
+
+def same_distribution(a: list[int], b: list[int]) -> float:
+    """p-value of a two-sample chi-square test over the 8 commonest tokens and the rest."""
+    ca, cb = collections.Counter(a), collections.Counter(b)
+    top = [t for t, _ in (ca + cb).most_common(8)]
+    table = np.array([[c[t] for t in top] + [sum(v for t, v in c.items() if t not in top)] for c in (ca, cb)])
+    return chi2_contingency(table)[1]
+
+
+def test_sampled_ragged_rows_keep_the_target_distribution(shaped_pair):  # noqa: F811
+    """At T = 1 with 2 drafts a step, a row's second token comes from the first step where it accepted a
+    draft and from the second where it did not: ragged rows. Its distribution is still the target's."""
+    pair, features = shaped_pair
+    decoder = SpeculativeDecoder(pair)
+    assert decoder._loop_class(400) is RaggedLoop
+    speculative, results = second_tokens(decoder, features, "exact", range(2), gamma=2)
+    assert any(r.stats.target_calls == 1 and len(r.tokens) >= 2 for r in results)  # second token in step 1
+    assert any(r.stats.target_calls >= 2 for r in results)
+    target_only, _ = second_tokens(decoder, features, "off", range(10, 12))
+    assert same_distribution(speculative, target_only) > 1e-3
+    # the draft's own second tokens differ clearly: the test has power
+    draft_only, _ = second_tokens(SpeculativeDecoder(make_pair(pair.draft, pair.draft, pair.processor)), features,
+                                  "off", range(20, 22))
+    assert same_distribution(speculative, draft_only) < 1e-6
 
 
 def test_per_row_positions_equal_each_row_alone():
