@@ -31,11 +31,11 @@ TIMED_STATS = {"setup_s", "encoder_s", "draft_s", "target_s", "verify_s", "verif
 CLIPS = ["1089-134686-0001", "1089-134691-0000", "LJ001-0002", "LJ001-0008", "LJ001-0004", "jfk"]
 
 
-def clip_folder(root: Path) -> Path:
-    """The real clips of CLIPS (LibriSpeech, LJSpeech, JFK) copied into one folder."""
+def clip_folder(root: Path, names: list[str] = CLIPS) -> Path:
+    """The real clips `names` (LibriSpeech, LJSpeech, JFK) copied into one folder."""
     folder = root / "clips"
     folder.mkdir()
-    for name in CLIPS:
+    for name in names:
         path = JFK_FLAC if name == "jfk" else next(
             p for corpus in (LIBRISPEECH_DIR, LJSPEECH_DIR) for p in corpus.rglob(f"{name}.flac"))
         shutil.copy(path, folder / path.name)
@@ -70,8 +70,9 @@ def test_two_workers_write_what_the_local_engine_writes(tmp_path, capsys):
     # First in the module, before the `local_ray` fixture: asr-transcribe starts (and stops) its own local
     # Ray instance, as a user's run does.
     assert not ray.is_initialized()
-    folder = clip_folder(tmp_path)
-    total = len(CLIPS)
+    names = ["1089-134686-0001", "LJ001-0002", "jfk"]  # one clip of each corpus: both engines decode them all
+    folder = clip_folder(tmp_path, names)
+    total = len(names)
     local, ray_out = tmp_path / "local", tmp_path / "ray"
     assert run_cli(str(folder), "-o", str(local), "-f", "txt,srt,json")[0] == 0
     assert run_cli(str(folder), "-o", str(ray_out), "-f", "txt,srt,json", "--engine", "ray", "--num-workers", "2")[0] == 0
