@@ -336,8 +336,7 @@ class SpeculativeLoop:
     def commit(self, b: BatchState, p: Proposal, result: dict[str, torch.Tensor]) -> list[int]:
         """Read the step's outcome once, keep the common accepted prefix + 1 token; returns finished rows."""
         gamma = p.gamma
-        host = torch.cat([result["tokens"].double(), result["num_accepted"][:, None].double(),
-                          result["logprobs"].double()], dim=1).cpu().tolist()
+        host = self._read_step(result)
         active = b.active
         common = min(int(host[i][gamma + 1]) for i in active)  # drafts every active row accepted
         keep = common + 1
@@ -347,7 +346,7 @@ class SpeculativeLoop:
             tokens = [int(t) for t in row[:keep]]
             if self._record(b, i, p, tokens, row[gamma + 2 : gamma + 2 + keep], int(row[gamma + 1])):
                 finished.append(i)
-        self._advance_tracker(b, p, host, keep)
+        self._advance_tracker(b, p, host, [keep] * len(b.done))
         if p.drafted:
             self.policy.update(p.drafted, min(common, p.drafted))
         ws = self.steps.ws
@@ -382,7 +381,14 @@ class SpeculativeLoop:
         b.logprob_sum[r] += sum(logprobs[: len(tokens)])
         return tokens[-1] == self.eos
 
-    def _advance_tracker(self, b: BatchState, p: Proposal, host: list[list[float]], keep: int) -> None:
+    @staticmethod
+    def _read_step(result: dict[str, torch.Tensor]) -> list[list[float]]:
+        """The step's one device-to-host read: per row its tokens, accepted count and log-probabilities."""
+        return torch.cat([result["tokens"].double(), result["num_accepted"][:, None].double(),
+                          result["logprobs"].double()], dim=1).cpu().tolist()
+
+    def _advance_tracker(self, b: BatchState, p: Proposal, host: list[list[float]], keeps: list[int]) -> None:
+        """Follow each active row's kept tokens (`keeps[i]` of them) through its hint."""
         if b.tracker is None:
             return
         if p.hinted:
@@ -391,7 +397,7 @@ class SpeculativeLoop:
             b.tracker = None  # the hint has had its steps: stop following the output
             return
         for i in b.active:
-            b.tracker.advance(i, [int(t) for t in host[i][:keep]])
+            b.tracker.advance(i, [int(t) for t in host[i][:keeps[i]]])
 
     # ------------------------------------------------------------------ 4. drop finished rows
     def drop_finished(self, b: BatchState, finished: list[int]) -> None:

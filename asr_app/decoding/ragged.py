@@ -116,8 +116,7 @@ class RaggedLoop(SpeculativeLoop):
         """Read the step's outcome once; each row keeps its accepted proposals + 1 token. Returns the rows
         that finished: EOS, or the length limit."""
         gamma = p.gamma
-        host = torch.cat([result["tokens"].double(), result["num_accepted"][:, None].double(),
-                          result["logprobs"].double()], dim=1).cpu().tolist()
+        host = self._read_step(result)
         finished, counts, accepted = [], [], []
         for i, row in enumerate(host):
             taken = min(int(row[gamma + 1]), gamma)
@@ -128,7 +127,7 @@ class RaggedLoop(SpeculativeLoop):
             accepted.append(taken)
         if p.drafted:
             self.policy.update_rows(p.drafted, [min(taken, p.drafted) for taken in accepted])
-        self._advance_rows_tracker(b, p, host, counts)
+        self._advance_tracker(b, p, host, counts)  # every row of a ragged batch is active
         kept = result["tokens"][:, : max(counts)].clamp_min(0)  # a finished row's padding must stay a valid id
         self._extend_history(b, kept, counts)
         b.rules = self.steps.target_rules.advance_rows(b.rules, kept, torch.tensor(counts, device=self.device))
@@ -152,17 +151,6 @@ class RaggedLoop(SpeculativeLoop):
         for i, (n, c) in enumerate(zip(self.lengths, counts)):
             history[i, n : n + c] = kept[i, :c]
         b.history = history
-
-    def _advance_rows_tracker(self, b: BatchState, p: Proposal, host: list[list[float]], counts: list[int]) -> None:
-        if b.tracker is None:
-            return
-        if p.hinted:
-            b.hint_steps_left -= 1
-        if b.hint_steps_left == 0:
-            b.tracker = None  # the hint has had its steps: stop following the output
-            return
-        for i, count in enumerate(counts):
-            b.tracker.advance(i, [int(t) for t in host[i][:count]])
 
     # ------------------------------------------------------------------ 4. drop finished rows
     def drop_finished(self, b: BatchState, finished: list[int]) -> None:
