@@ -189,6 +189,43 @@ def test_teacher_cache_is_reused_and_follows_the_target(workspace, whole_run):
     assert result.cache != again.cache and again.cache.is_dir()
 
 
+def test_a_tokenizer_without_a_shipped_ranking_gets_one_from_the_labels(workspace, whole_run, monkeypatch):
+    """Where the runtime ships no token ranking (a multilingual tokenizer, here the English one with its ranking
+    hidden), the reduced head is the labels' most frequent text tokens; the draft carries that ranking in its
+    config, and the runtime's head scores exactly the ids it was trained on."""
+    import collections
+
+    from safetensors import safe_open
+
+    import asr_app.runtime.vocab as vocab
+    from asr_app.distill.data import inventory
+
+    monkeypatch.setattr(vocab, "ENGLISH_ONLY_VOCAB", -1)   # no shipped ranking fits this tokenizer
+    ws, size = workspace, 2000
+    result = distill(options(ws, "ranked", steps=2, draft_vocab=size))
+    assert result.teacher.computed == 0   # the labels of the runs before
+    config = json.loads((ws / "ranked" / "config.json").read_text())
+    ranking = config[vocab.RANKING_ATTR]
+    assert json.loads((ws / "ranked" / "bundle" / "config.json").read_text())[vocab.RANKING_ATTR] == ranking
+    eos, full = 50256, 51864
+    assert len(ranking) == size - (full - eos) and len(set(ranking)) == len(ranking) and max(ranking) < eos
+    counts = collections.Counter()   # the predicted text tokens of the training clips' labels, read here directly
+    for clip in inventory([ws / "train"]).clips:
+        with safe_open(str(result.cache / f"{clip.key}.safetensors"), "pt") as record:
+            for i, label in enumerate(json.loads(record.metadata()["labels"])):
+                tokens = record.get_tensor(f"{i}.tokens").tolist()[label["prompt_len"] :]
+                counts.update(t for t in tokens if t < eos)
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))
+    assert ranking[: len(ranked)] == ranked and ranking[len(ranked)] == min(set(range(eos)) - set(ranked))
+    pair = load_pair(target=str(ws / "target"), draft=str(ws / "ranked"), device="cpu")
+    decoder = SpeculativeDecoder(pair)
+    assert decoder.draft_runtime.head.space.ids.tolist() == sorted(ranking) + list(range(eos, full))
+    clip = load_audio(HELD_OUT[0])
+    off, exact = (decoder.decode(clip, DecodingOptions(mode=m, gamma=3, max_new_tokens=MAX_TOKENS))[0]
+                  for m in ("off", "exact"))
+    assert exact.tokens == off.tokens
+
+
 class Killed(Exception):
     """Stands for the process dying: nothing of the run's exit path runs."""
 
@@ -358,6 +395,7 @@ def test_every_command_line_option_reaches_the_options():
     for dest, argv in probes.items():
         assert cli.options_from_args(parser.parse_args(base + argv)) != default, dest
     assert cli.options_from_args(parser.parse_args(base + ["--language", "German"])).teacher.language == "de"
+    assert cli.options_from_args(parser.parse_args(base + ["--language", "folder"])).teacher.language == "folder"
     assert cli.main(base + ["--holdout", "1.5"]) == 2  # a bad value: one line, before torch work
 
 

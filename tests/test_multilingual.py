@@ -107,3 +107,32 @@ def test_web_app_offers_auto_and_every_language(base_pair):
     assert {"guten", "morgen"} <= words(outcome.text) and outcome.stats["mode"] == "off", outcome.message
     forced = transcribe_file(engine, str(ESPEAK / "es.flac"), "off", 0.0, "es")
     assert "playa" in words(forced.text)
+
+
+def test_distillation_labels_take_the_language_their_folder_names(base_pair, tmp_path):
+    """asr-distill --language folder: a clip under a folder named by a language code is labelled in that
+    language, whatever the target would detect (Spanish speech under fr/ gets French labels: synthetic voices
+    are sometimes heard as another language); a clip under no such folder is detected."""
+    import shutil
+
+    from asr_app.distill.data import folder_language, inventory
+    from asr_app.distill.options import FOLDER_LANGUAGE, TeacherOptions
+    from asr_app.distill.teacher import Teacher
+
+    for folder, lang in (("de", "de"), ("fr", "es"), ("speech", "fr")):
+        (tmp_path / "audio" / folder).mkdir(parents=True)
+        shutil.copy(ESPEAK / f"{lang}.flac", tmp_path / "audio" / folder / f"{lang}.flac")
+    clips = inventory([tmp_path / "audio"]).clips
+    assert [c.folder_language for c in clips] == ["de", "fr", None]
+    # only folders below the one given count: a path that passes through "ml" (Malayalam) is not a language
+    assert folder_language(tmp_path / "ml" / "speech" / "a.flac", tmp_path / "ml") is None
+    assert folder_language(tmp_path / "ml" / "it" / "x" / "a.flac", tmp_path / "ml") == "it"
+    teacher = Teacher(base_pair, TeacherOptions(language=FOLDER_LANGUAGE, timestamps="without", max_new_tokens=12,
+                                                top_k=3))
+    records = teacher.label(clips, [load_audio(c.path) for c in clips])
+    assert [r.language for r in records] == ["de", "fr", "fr"]
+    tokenizer = base_pair.processor.tokenizer
+    for record in records:
+        label = record.labels[0]
+        prompt = tokenizer.convert_ids_to_tokens(label.tokens[: label.prompt_len])
+        assert f"<|{record.language}|>" in prompt, prompt

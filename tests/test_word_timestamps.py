@@ -1,8 +1,9 @@
 """Word timestamps from the target's cross-attention (asr_app/decoding/alignment.py).
 
 The reference is transformers' own word timestamps (`pipeline(..., return_timestamps="word")`) on the
-same tiny.en checkpoint and the same real clips; starts of the words both transcripts share must agree
-within 60 ms on average.
+same tiny.en checkpoint and the same real clips, recorded by tools/record_word_starts.py (the pipeline took
+a minute of every test run) with the checkpoint's fingerprint; starts of the words both transcripts share
+must agree within 60 ms on average.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import JFK_FLAC, LIBRISPEECH_DIR, TINY_EN_DIR, lj_clip, normalise
+from conftest import DATA_DIR, JFK_FLAC, LIBRISPEECH_DIR, TINY_EN_DIR, lj_clip, normalise
 
 from asr_app.audio import SAMPLE_RATE, load_audio
 from asr_app.decoding.alignment import dtw_path, median_filter, merge_punctuation, split_words
@@ -27,6 +28,7 @@ CLIPS = {
     "LJ001-0004": lj_clip("LJ001-0004"),
 }
 MAX_MEAN_START_DIFF_S = 0.060
+RECORDED_WORD_STARTS = DATA_DIR / "transformers_word_starts.json"
 
 
 @pytest.fixture(scope="module")
@@ -46,16 +48,15 @@ def reuse_decoder_words(monkeypatch, decoder):
 
 
 @pytest.fixture(scope="module")
-def transformers_words():
-    """(word, start) lists from transformers' pipeline on the same checkpoint."""
-    from transformers import pipeline
+def transformers_words(tiny_en_pair):
+    """(word, start) lists from transformers' pipeline on the same checkpoint, as recorded."""
+    from asr_app.distill.teacher import target_fingerprint
 
-    pipe = pipeline("automatic-speech-recognition", model=str(TINY_EN_DIR), device="cpu")
-    out = {}
-    for name, path in CLIPS.items():
-        chunks = pipe(load_audio(path), return_timestamps="word")["chunks"]
-        out[name] = [(c["text"], float(c["timestamp"][0])) for c in chunks]
-    return out
+    record = json.loads(RECORDED_WORD_STARTS.read_text())
+    assert record["model_fingerprint"] == target_fingerprint(tiny_en_pair.target), \
+        "the recorded word starts are of other weights: run tools/record_word_starts.py"
+    assert set(record["clips"]) == set(CLIPS)
+    return {name: [(text, start) for text, start in words] for name, words in record["clips"].items()}
 
 
 def words_of(result) -> list:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from asr_app.distill.errors import DistillError, Interrupted
 from asr_app.distill.options import (
+    FOLDER_LANGUAGE,
     TIMESTAMP_SETTINGS,
     DistillOptions,
     EvalOptions,
@@ -53,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     g = p.add_argument_group("teacher (labels)")
-    g.add_argument("--language", default=None, help="label in this language (default: detected per clip)")
+    g.add_argument("--language", default=None,
+                   help="label in this language (default: detected per clip); 'folder': in the language a clip's "
+                        "folder is named by (speech/de/..., as make_synthetic_speech.py writes), detected elsewhere")
     g.add_argument("--tasks", default="transcribe", help="transcribe and/or translate, comma-separated")
     g.add_argument("--timestamps", choices=TIMESTAMP_SETTINGS, default=t.timestamps,
                    help="labels with and/or without timestamps (mixed: one of the two per clip)")
@@ -91,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options_from_args(args: argparse.Namespace) -> DistillOptions:
     """ValueError (a readable message) for a bad value."""
-    language = language_code(args.language) if args.language else None
+    language = (FOLDER_LANGUAGE if args.language == FOLDER_LANGUAGE
+                else language_code(args.language) if args.language else None)
     teacher = TeacherOptions(top_k=args.top_k, timestamps=args.timestamps, language=language,
                              tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()),
                              max_new_tokens=args.max_new_tokens, keep_capped=args.keep_capped,

@@ -46,6 +46,7 @@ from asr_app.decoding.steps import Steps, Workspace
 from asr_app.decoding.text import decode_text, split_segments
 from asr_app.runtime import DecoderRuntime, EncoderRuntime, StepRunner, draft_vocabulary
 from asr_app.runtime.allocator import keep_freed_memory
+from asr_app.runtime.vocab import draft_ranking
 
 # The window's last encoder frames stay in the draft's view however short the audio (see _draft_view).
 DRAFT_END_FRAMES = 16
@@ -88,7 +89,8 @@ class SpeculativeDecoder:
                                                         fused_max_rows=runtime.fused_max_rows())
         self.draft_runtime = self.draft_encoder = None
         if self.draft is not None:
-            head_ids = (draft_vocabulary(self.tokenizer, self.vocab, self.eos, runtime.draft_vocab)
+            head_ids = (draft_vocabulary(self.tokenizer, self.vocab, self.eos, runtime.draft_vocab,
+                                         draft_ranking(self.draft))
                         if runtime.draft_vocab else None)
             self.draft_runtime = draft_runtime(self.draft, head_ids, runtime)
             if not pair.shared_encoder:

@@ -109,6 +109,11 @@ class TeacherCache:
         return [LabelInfo(key, i, Variant(lab["task"], lab["timestamps"]), lab["length"] - lab["prompt_len"],
                           lab["length"], lab["capped"], meta["seconds"]) for i, lab in enumerate(meta["labels"])]
 
+    def tokens(self, info: LabelInfo) -> list[int]:
+        """One label's tokens (prompt included), read without the rest of its record."""
+        with safe_open(str(self.path(info.key)), framework="pt") as handle:
+            return handle.get_tensor(f"{info.index}.tokens").tolist()
+
     def load(self, key: str) -> Record:
         meta = self._meta(key)
         tensors = load_file(str(self.path(key)))

@@ -18,6 +18,7 @@ import soundfile as sf
 from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS, AudioLoadError, is_audio_path, load_audio
 from asr_app.distill.errors import DistillError
 from asr_app.folders import files_under
+from asr_app.languages import LANGUAGES
 
 MIN_SECONDS = 0.3  # a file's last window shorter than this is left out (nothing to transcribe)
 
@@ -28,10 +29,23 @@ class Clip:
     path: Path
     window: int       # which 30 s window of the file
     seconds: float    # audio in this window
+    folder_language: str | None = None   # the language its folders name, below the --audio folder (see below)
 
     @property
     def start(self) -> float:
         return self.window * WINDOW_SECONDS
+
+
+def folder_language(path: Path, root: Path) -> str | None:
+    """The language a file's folders name below `root` (the folder it was found in): the nearest folder
+    called by a Whisper language code (`speech/de/clip.flac` -> "de", as tools/make_synthetic_speech.py lays
+    its output out), or None. Folders above `root` are not asked: they name where the data lives, and
+    `/work/ml/...` is not Malayalam."""
+    try:
+        below = path.relative_to(root).parent
+    except ValueError:
+        return None
+    return next((name for name in reversed(below.parts) if name in LANGUAGES), None)
 
 
 @dataclass
@@ -71,7 +85,7 @@ def file_hash(path: Path) -> str:
     return digest.hexdigest()[:24]
 
 
-def _file_clips(path: Path) -> list[Clip]:
+def _file_clips(path: Path, language: str | None) -> list[Clip]:
     """The windows of one file (AudioLoadError / OSError when it cannot be used)."""
     try:
         seconds = sf.info(str(path)).duration
@@ -85,19 +99,21 @@ def _file_clips(path: Path) -> list[Clip]:
     for index in range(windows):
         length = min(WINDOW_SECONDS, seconds - index * WINDOW_SECONDS)
         if length >= MIN_SECONDS:
-            clips.append(Clip(f"{digest}-w{index}", path, index, round(length, 3)))
+            clips.append(Clip(f"{digest}-w{index}", path, index, round(length, 3), language))
     return clips
 
 
 def inventory(sources: Sequence[Path], role: str = "training") -> Inventory:
     """The clips of every usable file under `sources`; DistillError when there is none."""
     files, skipped = audio_files(sources)
+    folders = [Path(s) for s in sources if Path(s).is_dir()]
     clips: list[Clip] = []
     keys: set[str] = set()
     for path in files:
+        root = next((f for f in folders if path.is_relative_to(f)), path.parent)
         try:
             # The same bytes under two names (a copy, a link) are one clip: trained on once, labelled once.
-            fresh = [c for c in _file_clips(path) if c.key not in keys]
+            fresh = [c for c in _file_clips(path, folder_language(path, root)) if c.key not in keys]
         except (AudioLoadError, OSError) as exc:
             skipped.append(str(exc))
             continue

@@ -32,6 +32,9 @@ class Variant:
         return f"{self.task}{'+timestamps' if self.timestamps else ''}"
 
 
+FOLDER_LANGUAGE = "folder"
+
+
 @dataclass(frozen=True)
 class TeacherOptions:
     top_k: int = 50                    # teacher probabilities kept per position (the rest is one bucket)
@@ -39,7 +42,9 @@ class TeacherOptions:
     # alternating by the clip's hash: half the decoding cost of "both").
     timestamps: TimestampSetting = "both"
     tasks: tuple[str, ...] = ("transcribe",)   # add "translate" for a multilingual target's translations
-    language: str | None = None        # None: detected per clip (multilingual), "en" for English-only targets
+    # None: detected per clip (multilingual), "en" for English-only targets; FOLDER_LANGUAGE: the language a
+    # clip's folder is named by (data.folder_language), detected where no folder names one.
+    language: str | None = None
     max_new_tokens: int = 224
     keep_capped: bool = False          # keep labels that reached max_new_tokens without ending (a looping teacher)
     batch_size: int = 8                # clips the teacher decodes together

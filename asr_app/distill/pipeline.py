@@ -34,11 +34,12 @@ from asr_app.distill.options import DistillOptions
 from asr_app.distill.student import build_student, default_layers, head_weight
 from asr_app.distill.teacher import Teacher, target_fingerprint
 from asr_app.distill.train import StepLog, Trainer, TrainResult
+from asr_app.distill.vocab import label_ranking
 from asr_app.models import ct2
 from asr_app.models.bundled import load_bundled_draft
 from asr_app.models.loading import ModelPair, load_pair
 from asr_app.models.presets import BUNDLED
-from asr_app.runtime.vocab import TokenSpace, draft_vocabulary
+from asr_app.runtime.vocab import RANKING_ATTR, TokenSpace, draft_vocabulary
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
 
@@ -129,7 +130,9 @@ def _clips(options: DistillOptions) -> _Data:
 def teacher_pass(pair: ModelPair, cache: TeacherCache, clips: list[Clip], options: DistillOptions,
                  report: Reporter) -> TeacherStats:
     began = time.perf_counter()
-    todo = [c for c in clips if not cache.valid(c.key)]
+    # In the order of the clips' content hashes: a pass stopped part way has labelled a sample of every folder
+    # (language, corpus), not the first folders whole; a file's windows stay together and in order.
+    todo = sorted((c for c in clips if not cache.valid(c.key)), key=lambda c: (c.key.rsplit("-w", 1)[0], c.window))
     stats = TeacherStats(reused=len(clips) - len(todo))
     if todo:
         report.message(f"teacher pass: {len(todo)} clips to label ({stats.reused} found in the cache {cache.folder})")
@@ -172,10 +175,10 @@ class _Head:
     suppress: torch.Tensor | None
 
 
-def _head(pair: ModelPair, student, size: int | None) -> _Head:
+def _head(pair: ModelPair, student, size: int | None, ranking: tuple[int, ...] | None) -> _Head:
     tokenizer, gc = pair.processor.tokenizer, pair.target.generation_config
     vocab = pair.target.config.vocab_size
-    ids = draft_vocabulary(tokenizer, vocab, eos_token(gc), size) if size else None
+    ids = draft_vocabulary(tokenizer, vocab, eos_token(gc), size, ranking) if size else None
     suppress = list(getattr(gc, "suppress_tokens", None) or [])
     mask = TokenSpace(vocab, ids).mask(suppress, pair.device) if suppress else None
     return _Head(ids, head_weight(student, ids), head_index(vocab, ids), mask)
@@ -262,7 +265,10 @@ def _train_and_write(run: _Run) -> DistillResult:
     options, pair = run.options, run.pair
     torch.manual_seed(options.train.seed)
     student = build_student(pair.target, options.train.layers).to(pair.device)
-    head = _head(pair, student, options.train.draft_vocab)
+    ranking = _label_ranking(run, options.train.draft_vocab)
+    if ranking is not None:   # saved with the draft: the runtime's head scores the ids this one is trained on
+        setattr(student.config, RANKING_ATTR, list(ranking))
+    head = _head(pair, student, options.train.draft_vocab, ranking)
     load = functools.lru_cache(maxsize=128)(run.cache.load)
     measure = functools.partial(teacher_forced, load=load, head=head.weight, to_head=head.to_head,
                                 suppress=head.suppress, view=options.train.audio_view, device=pair.device)
@@ -293,6 +299,16 @@ def _train_and_write(run: _Run) -> DistillResult:
     run.file.write(run.identity, "done")
     (options.out / CHECKPOINT).unlink(missing_ok=True)
     return DistillResult(options.out, card, result, run.teacher, run.cache.folder, student)
+
+
+def _label_ranking(run: _Run, size: int | None) -> tuple[int, ...] | None:
+    """The reduced head's ranking from the training labels, where the runtime ships no ranking for this
+    tokenizer (None: the shipped ranking applies, or the head scores every id)."""
+    pair = run.pair
+    vocab, eos = pair.target.config.vocab_size, eos_token(pair.target.generation_config)
+    if not size or size >= vocab or draft_vocabulary(pair.processor.tokenizer, vocab, eos, size) is not None:
+        return None
+    return label_ranking(run.cache, run.examples, eos, size - (vocab - eos))
 
 
 def _evaluate(run: _Run, draft, teacher_forced_figures) -> dict:

@@ -22,7 +22,7 @@ from asr_app.decoding.engine import SpeculativeDecoder
 from asr_app.decoding.options import DecodingOptions, RuntimeOptions
 from asr_app.decoding.prompt import build_prompt, eos_token
 from asr_app.distill.data import Clip
-from asr_app.distill.options import TeacherOptions, Variant
+from asr_app.distill.options import FOLDER_LANGUAGE, TeacherOptions, Variant
 
 # Config entries that say how a checkpoint was stored or named, not what it computes.
 _NOT_FINGERPRINTED = ("dtype", "torch_dtype", "transformers_version", "_name_or_path", "architectures")
@@ -141,18 +141,27 @@ class Teacher:
                                max_new_tokens=self.options.max_new_tokens)
         return self.decoder.decode_features(feats, opts)
 
+    def _given_language(self, clip: Clip) -> str | None:
+        """The language a clip is labelled in before the target hears it (None: the target detects it)."""
+        if not self.multilingual:
+            return "en"
+        if self.options.language == FOLDER_LANGUAGE:
+            return clip.folder_language
+        return self.options.language
+
     def _transcribe(self, clips: Sequence[Clip], feats: torch.Tensor):
-        """Per clip: (language, [(variant, output tokens)]). Each clip's first variant is decoded with the
-        language given (None: detected by the target), the others in the language found then."""
+        """Per clip: (language, [(variant, output tokens)]). Each clip's first variant is decoded in the
+        language given for it (None: detected by the target), the others in the language found then."""
         plans = [clip_variants(c, self.options) for c in clips]
-        given = self.options.language if self.multilingual else "en"
-        languages: list[str | None] = [given] * len(clips)
+        given = [self._given_language(c) for c in clips]
+        languages: list[str | None] = list(given)
         decoded: list[list[tuple[Variant, list[int]]]] = [[] for _ in clips]
-        firsts = sorted({p[0] for p in plans}, key=lambda v: (v.task, v.timestamps))
-        for variant in firsts:
-            rows = [i for i, p in enumerate(plans) if p[0] == variant]
-            for i, result in zip(rows, self._decode(feats[rows], variant, given)):
-                languages[i] = result.language or given
+        firsts = sorted({(p[0], given[i] or "") for i, p in enumerate(plans)},
+                        key=lambda k: (k[0].task, k[0].timestamps, k[1]))
+        for variant, language in firsts:
+            rows = [i for i, p in enumerate(plans) if p[0] == variant and (given[i] or "") == language]
+            for i, result in zip(rows, self._decode(feats[rows], variant, language or None)):
+                languages[i] = result.language or given[i]
                 decoded[i].append((variant, result.tokens))
         later = sorted({(v, languages[i]) for i, p in enumerate(plans) for v in p[1:]},
                        key=lambda k: (k[0].task, k[0].timestamps, k[1] or ""))

@@ -2,7 +2,9 @@
 
 A small draft spends most of a step in its output layer (V x d, tiny.en: 51864 x 384). A reduced head
 scores only K token ids: every special and timestamp token, plus the K - specials most frequent text
-tokens of real English (asr_app/runtime/data/README.md). The draft's q is then 0 outside the subset,
+tokens: of real English for the English-only tokenizer (asr_app/runtime/data/README.md), or of the labels a
+draft made by asr-distill was trained on (its config's `draft_vocab_ranking`, written by the distillation:
+the only ranking a multilingual draft has). The draft's q is then 0 outside the subset,
 which the verification rules handle like any other q (an unscored token is simply never proposed), so
 exact and greedy decoding stay exact. Ids are kept ascending, so the specials and timestamps, which sit
 at the top of Whisper's vocabulary, stay one contiguous tail and Whisper's rules keep their shape in the
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,12 +111,31 @@ def _ranking() -> tuple[int, tuple[str, ...], tuple[int, ...]]:
     return start, check, tuple(ids)
 
 
-def draft_vocabulary(tokenizer, vocab: int, eos: int, size: int) -> torch.Tensor | None:
+RANKING_ATTR = "draft_vocab_ranking"   # in a draft's config: the text ids its head was trained on, most frequent first
+
+
+def draft_ranking(draft) -> tuple[int, ...] | None:
+    """The ranking a draft made by asr-distill carries in its config (None for any other draft)."""
+    ranking = getattr(draft.config, RANKING_ATTR, None)
+    if ranking is None:
+        return None
+    vocab = draft.config.vocab_size
+    if not isinstance(ranking, list | tuple) or not all(isinstance(i, int) and 0 <= i < vocab for i in ranking) \
+            or len(set(ranking)) != len(ranking):
+        raise ValueError(f"the draft's config holds a malformed {RANKING_ATTR}: token ids below {vocab}, each once")
+    return tuple(ranking)
+
+
+def draft_vocabulary(tokenizer, vocab: int, eos: int, size: int,
+                     ranking: Sequence[int] | None = None) -> torch.Tensor | None:
     """Ascending ids of a `size`-token draft vocabulary: all ids from `eos` up (specials, timestamps)
-    and the most frequent text tokens; None (use the whole vocabulary) when `size` covers it or the
-    tokenizer is not the English-only one the shipped ranking was made for."""
+    and the most frequent text tokens: by the draft's own `ranking` where it has one (then at most the ids it
+    ranks: the head it was trained with), else by the shipped English ranking; None (use the whole
+    vocabulary) when `size` covers it or there is no ranking for this tokenizer."""
     if size >= vocab:
         return None
+    if ranking is not None:
+        return ranked_subset(vocab, eos, min(size, len(ranking) + vocab - eos), ranking)
     start, check, ranked = _ranking()
     sample = tuple(tokenizer.convert_ids_to_tokens(list(ranked[start : start + len(check)])))
     if vocab != ENGLISH_ONLY_VOCAB or sample != check:
@@ -122,11 +144,12 @@ def draft_vocabulary(tokenizer, vocab: int, eos: int, size: int) -> torch.Tensor
     return ranked_subset(vocab, eos, size)
 
 
-def ranked_subset(vocab: int, eos: int, size: int) -> torch.Tensor:
-    """The `size` ids of the shipped ranking (specials and timestamps included), without checking which
-    tokenizer they are meant for (benchmarks of random-weight models use it for the shape alone)."""
+def ranked_subset(vocab: int, eos: int, size: int, ranking: Sequence[int] | None = None) -> torch.Tensor:
+    """The `size` ids of `ranking` (default: the shipped English one) plus the specials and timestamps,
+    without checking which tokenizer they are meant for (benchmarks of random-weight models use it for the
+    shape alone)."""
     specials = vocab - eos
     if size <= specials:
         raise ValueError(f"a draft vocabulary of {size} tokens cannot hold the {specials} special and timestamp tokens")
-    text = sorted(_ranking()[2][: size - specials])
+    text = sorted((_ranking()[2] if ranking is None else ranking)[: size - specials])
     return torch.tensor(text + list(range(eos, vocab)), dtype=torch.long)
