@@ -30,6 +30,7 @@ import soundfile as sf
 import torch
 from conftest import REPO_ROOT
 
+from asr_app import ports
 from asr_app.cli import stream as stream_cli
 from asr_app.cli import transcribe as transcribe_cli
 from asr_app.decoding.options import Segment, Word
@@ -113,7 +114,7 @@ PROBES: dict[str, dict[str, list[str]]] = {
         "beta": ["H:--beta 10"],
         },
     # asr-serve: "--engine ray" runs the Ray Serve path with Ray faked (what it would deploy is recorded, the
-    # bodies of its deployments are built here); a port below 1024 cannot be bound (the fake _port_problem)
+    # bodies of its deployments are built here); a port below 1024 cannot be bound (the fake port_problem)
     V: {**MODEL_PROBES,
         "model": ["H:--model base", "H:--engine ray --model base | --engine ray"],  # what each replica loads
         "device": ["H:--device cpu", "H:--engine ray --device cpu | --engine ray",
@@ -366,8 +367,7 @@ def recorder(monkeypatch):
         return SimpleNamespace(launch=lambda **kw: rec.put("launch", kw))
 
     monkeypatch.setattr(ui_app, "build_app", build_app)
-    monkeypatch.setattr(ui_app, "_port_problem",
-                        lambda host, port: None if port > 1023 else "Permission denied")
+    monkeypatch.setattr(ports, "port_problem", lambda host, port: None if port > 1023 else "Permission denied")
     monkeypatch.setattr(ui_app.signal, "signal", lambda *a: None)
     monkeypatch.setattr(ui_app.logging, "basicConfig", lambda **kw: None)
     # asr-serve: the app's parts are recorded, with what a client leaving every field out decodes with (an

@@ -7,6 +7,8 @@ from typing import Literal
 
 DecodingMode = Literal["off", "hf", "baseline", "exact", "sigmoid"]
 MODES: tuple[str, ...] = ("off", "hf", "baseline", "exact", "sigmoid")
+# Modes offered by the web app and the service. "hf" (transformers' assisted generation) stays a CLI/evaluator anchor.
+UI_MODES: tuple[str, ...] = tuple(m for m in MODES if m != "hf")
 SPECULATIVE_MODES: tuple[str, ...] = ("baseline", "exact", "sigmoid")  # our loop with a draft model
 GraphSetting = Literal["auto", "off", "emulate"]
 GammaSetting = Literal["cost", "heuristic"]

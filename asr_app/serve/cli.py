@@ -98,9 +98,11 @@ def limits_from_args(args: argparse.Namespace) -> ServiceLimits:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    # Light imports only until the arguments are checked: the web app (gradio) and the decoder (torch,
+    # transformers) take seconds to import, and an `--engine ray` driver never builds either.
+    from asr_app import ports
+    from asr_app.decoding.options import UI_MODES
     from asr_app.serve.security import AccessSettings, check_binding
-    from asr_app.ui.app import _port_problem
-    from asr_app.ui.engine import UI_MODES
 
     if args.engine == "ray":
         from asr_app.serve.ray_engine import ray_serve_problem
@@ -118,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"asr-serve: error: {exc}", file=sys.stderr)
         return 2
-    problem = check_binding(args.host, args.api_key) or _port_problem(args.host, args.port)
+    problem = check_binding(args.host, args.api_key) or ports.port_problem(args.host, args.port)
     if problem or not check_args_or_report(args, "asr-serve"):
         if problem:
             print(f"asr-serve: error: {problem}", file=sys.stderr)

@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import socket
 import sys
 from collections.abc import Sequence
 
 import gradio as gr
 import pandas as pd
 
+from asr_app import ports
 from asr_app.arguments import add_model_args, check_args_or_report, load_decoder_or_report
 from asr_app.ui.engine import COMPARE_MODES, UI_MODES, UiEngine
 from asr_app.ui.file import CompareOutcome, compare_modes, transcribe_file
@@ -179,16 +179,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
-def _port_problem(host: str, port: int) -> str | None:
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server itself will
-            sock.bind((host, port))
-    except OSError as err:
-        return err.strerror or str(err)
-    return None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
@@ -198,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if not check_args_or_report(args, "app.py"):
         return 2
-    problem = _port_problem(args.host, args.port)
+    problem = ports.port_problem(args.host, args.port)
     if problem:  # say so before spending time on loading the models
         print(f"error: cannot serve on {args.host}:{args.port}: {problem}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ from typing import Any
 
 from asr_app.arguments import fallback_schedule
 from asr_app.decoding import DecodingOptions, SpeculativeDecoder
-from asr_app.decoding.options import MODES
+from asr_app.decoding.options import UI_MODES
 from asr_app.languages import LANGUAGES
 from asr_app.limits import ServiceLimits
 from asr_app.models import ModelPair
@@ -23,8 +23,6 @@ from asr_app.scheduler import FILE, LIVE, ScheduledDecoder, Scheduler
 from asr_app.sessions import SessionRegistry
 from asr_app.streaming import StreamingOptions
 
-# Modes offered in the UI. "hf" (transformers' assisted generation) stays a CLI/evaluator anchor.
-UI_MODES = tuple(m for m in MODES if m != "hf")
 COMPARE_MODES = ("exact", "sigmoid", "baseline")
 
 
