@@ -163,7 +163,7 @@ def export_test_models() -> None:
 
 
 # Under pytest-xdist (the README's test command runs `-n 2`) each module is one unit of work on one worker, so
-# a module's fixtures (a server, a Ray Serve, the transformers reference) are built once. The Ray modules are one
+# a module's fixtures (a server, a Ray Serve, the base model) are built once. The Ray modules are one
 # unit: each starts a local Ray instance sized to the whole machine, so two at once would fight for its cores,
 # and one's replicas would be counted by the other's checks. The units are made here, not with xdist_group
 # marks: pytest 9.2 keeps a node's id where `--dist loadgroup` (xdist 3.8) no longer tags it, which silently
@@ -172,8 +172,7 @@ RAY_MODULES = frozenset({"test_cluster", "test_cluster_failures", "test_cluster_
 # Units start in this order (the longest first, measured with --durations), then the rest in file order:
 # the last unit to start bounds how long one worker waits for the other at the end.
 LONGEST_FIRST = ("ray", "test_streaming", "test_fused_layers", "test_runtime", "test_decoding_greedy",
-                 "test_transcribe", "test_benches", "test_ui_server", "test_decoding_hints", "test_serve",
-                 "test_word_timestamps")
+                 "test_transcribe", "test_benches", "test_ui_server", "test_decoding_hints", "test_serve")
 
 
 def work_unit(nodeid: str) -> str:

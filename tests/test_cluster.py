@@ -94,8 +94,9 @@ def test_a_killed_worker_loses_nothing_and_repeats_nothing(local_ray, tmp_path):
     from asr_app.cli.transcribe import build_parser, transcribe_options
     from asr_app.cluster import ClusterOptions, RayTranscriber
 
-    # The first worker gets a short clip (11 s), the second a 26 s file: when the short one is back, the
-    # second worker is surely mid-file, and it is killed there. Three long files: the killed worker may hold
+    # The first worker gets a short clip (11 s), the second a 26 s file (more words to decode over the same one
+    # window): when the short one is back, the second worker is most likely mid-file, and it is killed there
+    # (the assertions hold whichever worker is killed). Three long files: the killed worker may hold
     # a second task, waiting behind its running one.
     speech = np.concatenate([load_audio(p) for p in sorted((LJSPEECH_DIR / "wavs").glob("*.flac"))[:4]])
     paths = [tmp_path / "short.flac"]

@@ -292,6 +292,8 @@ def test_bad_input_gets_one_clear_line(workspace, cli_run, capsys, monkeypatch):
     code, err = run_cli(capsys, *common, "--audio", str(ws / "train"), "--out", str(ws / "o7"), "--baseline-draft",
                         "bundled")
     assert code == 2 and "distilled from Whisper tiny.en" in err and not (ws / "o7").exists()
+    code, err = run_cli(capsys, *common, "--audio", str(ws / "train"), "--out", str(ws / "o8"), "--draft-vocab", "1000")
+    assert code == 2 and "cannot hold the target's 1608 special" in err and not (ws / "o8" / "run.json").exists()
     code, err = run_cli(capsys, *common, "--audio", str(ws / "train"), "--out", str(ws / "o3"), "--resume")
     assert code == 2 and "nothing to resume" in err
     code, err = run_cli(capsys, *common, "--audio", str(ws / "train"), "--out", str(cli_run[1]))
@@ -311,6 +313,26 @@ def test_bad_input_gets_one_clear_line(workspace, cli_run, capsys, monkeypatch):
                         "--audio", str(ws / "train"), "--out", str(ws / "o5"), "--max-new-tokens", "4")
     assert code == 2 and "No space left on device" in err and "--cache" in err
     assert not list((ws / "empty-cache").rglob("*.safetensors")) and not list((ws / "empty-cache").rglob(".tmp*"))
+
+
+def test_teacher_batches_hold_one_language_and_languages_take_turns():
+    """--language folder: a batch decodes once per variant only if its clips share a language; the languages
+    take turns, so a pass stopped part way has labelled a sample of each; within one, content-hash order with a
+    file's windows together."""
+    from types import SimpleNamespace
+
+    from asr_app.distill.data import Clip
+    from asr_app.distill.pipeline import _teacher_batches
+
+    clips = [Clip(f"{digest}-w{w}", Path(f"{lang}/{digest}.flac"), w, 30.0, lang)
+             for lang, digests in (("de", "c5a"), ("fr", "b4"), (None, "9"))
+             for digest in digests for w in range(2 if digest == "a" else 1)]
+    teacher = SimpleNamespace(given_language=lambda clip: clip.folder_language)
+    batches = _teacher_batches(list(reversed(clips)), 2, teacher)
+    assert [[c.key for c in b] for b in batches] == [
+        ["9-w0"], ["5-w0", "a-w0"], ["4-w0", "b-w0"], ["a-w1", "c-w0"]]
+    assert all(len({c.folder_language for c in b}) == 1 for b in batches)
+    assert sorted(c.key for b in batches for c in b) == sorted(c.key for c in clips)
 
 
 def test_kl_with_a_rest_bucket_is_the_kl_over_k_plus_one_outcomes():

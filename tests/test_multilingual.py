@@ -113,26 +113,31 @@ def test_distillation_labels_take_the_language_their_folder_names(base_pair, tmp
     """asr-distill --language folder: a clip under a folder named by a language code is labelled in that
     language, whatever the target would detect (Spanish speech under fr/ gets French labels: synthetic voices
     are sometimes heard as another language); a clip under no such folder is detected."""
-    import shutil
-
     from asr_app.distill.data import folder_language, inventory
     from asr_app.distill.options import FOLDER_LANGUAGE, TeacherOptions
     from asr_app.distill.teacher import Teacher
 
-    for folder, lang in (("de", "de"), ("fr", "es"), ("speech", "fr")):
+    for folder, lang in (("de", "de"), ("fr", "es"), ("speech", "fr"), ("yue", "fr")):
         (tmp_path / "audio" / folder).mkdir(parents=True)
-        shutil.copy(ESPEAK / f"{lang}.flac", tmp_path / "audio" / folder / f"{lang}.flac")
+        with open(ESPEAK / f"{lang}.flac", "rb") as source:   # another file for each folder: other bytes
+            (tmp_path / "audio" / folder / f"{lang}.flac").write_bytes(source.read() + folder.encode())
     clips = inventory([tmp_path / "audio"]).clips
-    assert [c.folder_language for c in clips] == ["de", "fr", None]
+    assert [c.folder_language for c in clips] == ["de", "fr", None, "yue"]
+    # the outermost folder given counts, whichever order they come in
+    assert [c.folder_language for c in inventory([tmp_path / "audio" / "de", tmp_path / "audio"]).clips][:1] == ["de"]
     # only folders below the one given count: a path that passes through "ml" (Malayalam) is not a language
     assert folder_language(tmp_path / "ml" / "speech" / "a.flac", tmp_path / "ml") is None
     assert folder_language(tmp_path / "ml" / "it" / "x" / "a.flac", tmp_path / "ml") == "it"
-    teacher = Teacher(base_pair, TeacherOptions(language=FOLDER_LANGUAGE, timestamps="without", max_new_tokens=12,
+    teacher = Teacher(base_pair, TeacherOptions(language=FOLDER_LANGUAGE, timestamps="both", max_new_tokens=12,
                                                 top_k=3))
+    # base has no Cantonese: that folder's clip is detected, and the run says so
+    assert teacher.folder_summary(clips) == ("languages from folders: de 1, fr 1; detected by the target: 2 clips "
+                                             "(1 under yue/, not a language of this target)")
     records = teacher.label(clips, [load_audio(c.path) for c in clips])
-    assert [r.language for r in records] == ["de", "fr", "fr"]
+    assert [r.language for r in records] == ["de", "fr", "fr", "fr"]
     tokenizer = base_pair.processor.tokenizer
     for record in records:
-        label = record.labels[0]
-        prompt = tokenizer.convert_ids_to_tokens(label.tokens[: label.prompt_len])
-        assert f"<|{record.language}|>" in prompt, prompt
+        assert len(record.labels) == 2   # with and without timestamps, both in the clip's language
+        for label in record.labels:
+            prompt = tokenizer.convert_ids_to_tokens(label.tokens[: label.prompt_len])
+            assert f"<|{record.language}|>" in prompt, prompt

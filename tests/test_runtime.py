@@ -332,7 +332,9 @@ def test_a_drafts_own_ranking_chooses_its_head_and_is_checked(tiny_en_pair):
     assert draft_ranking(draft) is None   # the shipped draft: the shipped ranking applies
     setattr(draft.config, RANKING_ATTR, list(ranking))
     assert draft_ranking(draft) == ranking
-    for bad in ([1, 1], [vocab + 5], ["the"], "12"):
+    with pytest.raises(ValueError, match="special tokens"):   # an id from eos up is always scored, never ranked
+        draft_vocabulary(tokenizer, vocab, eos, 8192, (5, eos + 3))
+    for bad in ([1, 1], [vocab + 5], ["the"], "12", [True, 3]):
         setattr(draft.config, RANKING_ATTR, bad)
         with pytest.raises(ValueError, match="malformed"):
             draft_ranking(draft)

@@ -55,8 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     g = p.add_argument_group("teacher (labels)")
     g.add_argument("--language", default=None,
-                   help="label in this language (default: detected per clip); 'folder': in the language a clip's "
-                        "folder is named by (speech/de/..., as make_synthetic_speech.py writes), detected elsewhere")
+                   help="label in this language (default: detected per clip); 'folder': in the language named by a "
+                        "clip's folder below --audio (speech/de/..., as make_synthetic_speech.py writes), "
+                        "detected elsewhere")
     g.add_argument("--tasks", default="transcribe", help="transcribe and/or translate, comma-separated")
     g.add_argument("--timestamps", choices=TIMESTAMP_SETTINGS, default=t.timestamps,
                    help="labels with and/or without timestamps (mixed: one of the two per clip)")
@@ -94,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options_from_args(args: argparse.Namespace) -> DistillOptions:
     """ValueError (a readable message) for a bad value."""
-    language = (FOLDER_LANGUAGE if args.language == FOLDER_LANGUAGE
+    language = (FOLDER_LANGUAGE if (args.language or "").strip().lower() == FOLDER_LANGUAGE
                 else language_code(args.language) if args.language else None)
     teacher = TeacherOptions(top_k=args.top_k, timestamps=args.timestamps, language=language,
                              tasks=tuple(t.strip() for t in args.tasks.split(",") if t.strip()),

@@ -109,6 +109,10 @@ class TeacherCache:
         return [LabelInfo(key, i, Variant(lab["task"], lab["timestamps"]), lab["length"] - lab["prompt_len"],
                           lab["length"], lab["capped"], meta["seconds"]) for i, lab in enumerate(meta["labels"])]
 
+    def language(self, key: str) -> str | None:
+        """The language a cached record was labelled in."""
+        return self._meta(key)["language"]
+
     def tokens(self, info: LabelInfo) -> list[int]:
         """One label's tokens (prompt included), read without the rest of its record."""
         with safe_open(str(self.path(info.key)), framework="pt") as handle:

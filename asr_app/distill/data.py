@@ -35,9 +35,14 @@ class Clip:
     def start(self) -> float:
         return self.window * WINDOW_SECONDS
 
+    @property
+    def digest(self) -> str:
+        """The hash of its file's bytes (a file's windows share it)."""
+        return self.key.rsplit("-w", 1)[0]
+
 
 def folder_language(path: Path, root: Path) -> str | None:
-    """The language a file's folders name below `root` (the folder it was found in): the nearest folder
+    """The language a file's folders name below `root` (the --audio folder it was found in): the nearest folder
     called by a Whisper language code (`speech/de/clip.flac` -> "de", as tools/make_synthetic_speech.py lays
     its output out), or None. Folders above `root` are not asked: they name where the data lives, and
     `/work/ml/...` is not Malayalam."""
@@ -110,10 +115,12 @@ def inventory(sources: Sequence[Path], role: str = "training") -> Inventory:
     clips: list[Clip] = []
     keys: set[str] = set()
     for path in files:
-        root = next((f for f in folders if path.is_relative_to(f)), path.parent)
+        # The outermost folder given that holds the file: `--audio speech speech/de` and `speech/de speech` agree.
+        roots = [f for f in folders if path.is_relative_to(f)]
+        language = folder_language(path, min(roots, key=lambda f: len(f.parts))) if roots else None
         try:
             # The same bytes under two names (a copy, a link) are one clip: trained on once, labelled once.
-            fresh = [c for c in _file_clips(path, folder_language(path, root)) if c.key not in keys]
+            fresh = [c for c in _file_clips(path, language) if c.key not in keys]
         except (AudioLoadError, OSError) as exc:
             skipped.append(str(exc))
             continue
@@ -130,10 +137,10 @@ def inventory(sources: Sequence[Path], role: str = "training") -> Inventory:
 def split_holdout(clips: list[Clip], fraction: float) -> tuple[list[Clip], list[Clip]]:
     """(training, held-out): the files whose hashes sort first are held out, whole (a file's windows never
     land on both sides), at least one file when there are two or more."""
-    digests = sorted({c.key.split("-")[0] for c in clips})
+    digests = sorted({c.digest for c in clips})
     count = math.ceil(fraction * len(digests)) if fraction > 0 and len(digests) > 1 else 0
     held = set(digests[: min(count, len(digests) - 1)])
-    return [c for c in clips if c.key.split("-")[0] not in held], [c for c in clips if c.key.split("-")[0] in held]
+    return [c for c in clips if c.digest not in held], [c for c in clips if c.digest in held]
 
 
 class ClipReader:

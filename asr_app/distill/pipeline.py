@@ -30,7 +30,7 @@ from asr_app.distill.data import Clip, ClipReader, inventory, split_holdout
 from asr_app.distill.errors import DistillError
 from asr_app.distill.evaluate import in_decoder, teacher_forced
 from asr_app.distill.export import save_draft, write_bundle
-from asr_app.distill.options import DistillOptions
+from asr_app.distill.options import FOLDER_LANGUAGE, RUNTIME_DRAFT_VOCAB, DistillOptions
 from asr_app.distill.student import build_student, default_layers, head_weight
 from asr_app.distill.teacher import Teacher, target_fingerprint
 from asr_app.distill.train import StepLog, Trainer, TrainResult
@@ -39,7 +39,7 @@ from asr_app.models import ct2
 from asr_app.models.bundled import load_bundled_draft
 from asr_app.models.loading import ModelPair, load_pair
 from asr_app.models.presets import BUNDLED
-from asr_app.runtime.vocab import RANKING_ATTR, TokenSpace, draft_vocabulary
+from asr_app.runtime.vocab import RANKING_ATTR, TokenSpace, draft_ranking, draft_vocabulary
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
 
@@ -130,17 +130,17 @@ def _clips(options: DistillOptions) -> _Data:
 def teacher_pass(pair: ModelPair, cache: TeacherCache, clips: list[Clip], options: DistillOptions,
                  report: Reporter) -> TeacherStats:
     began = time.perf_counter()
-    # In the order of the clips' content hashes: a pass stopped part way has labelled a sample of every folder
-    # (language, corpus), not the first folders whole; a file's windows stay together and in order.
-    todo = sorted((c for c in clips if not cache.valid(c.key)), key=lambda c: (c.key.rsplit("-w", 1)[0], c.window))
+    teacher = Teacher(pair, options.teacher)
+    if options.teacher.language == FOLDER_LANGUAGE:
+        report.message(teacher.folder_summary(clips))
+    todo = [c for c in clips if not cache.valid(c.key) or not _labelled_as_given(teacher, cache, c)]
     stats = TeacherStats(reused=len(clips) - len(todo))
     if todo:
         report.message(f"teacher pass: {len(todo)} clips to label ({stats.reused} found in the cache {cache.folder})")
-        teacher, read = Teacher(pair, options.teacher), ClipReader()
-        size = options.teacher.batch_size
-        for start in range(0, len(todo), size):
+        read, done = ClipReader(), 0
+        for batch in _teacher_batches(todo, options.teacher.batch_size, teacher):
             usable, audio = [], []
-            for clip in todo[start : start + size]:
+            for clip in batch:
                 try:
                     audio.append(read(clip))
                     usable.append(clip)
@@ -150,9 +150,28 @@ def teacher_pass(pair: ModelPair, cache: TeacherCache, clips: list[Clip], option
             for clip, record in zip(usable, teacher.label(usable, audio) if usable else []):
                 cache.save(clip.key, record)
             stats.computed += len(usable)
-            report.teacher(start + len(todo[start : start + size]), len(todo))
+            done += len(batch)
+            report.teacher(done, len(todo))
     stats.seconds = time.perf_counter() - began
     return stats
+
+
+def _labelled_as_given(teacher: Teacher, cache: TeacherCache, clip: Clip) -> bool:
+    """Whether a cached record is in the language this run gives its clip (a file moved to another language
+    folder is labelled again); any language when the target detects it."""
+    given = teacher.given_language(clip)
+    return given is None or cache.language(clip.key) == given
+
+
+def _teacher_batches(clips: list[Clip], size: int, teacher: Teacher) -> list[list[Clip]]:
+    """Batches of clips given one language (one decode per variant, not one per language in the batch), in the
+    order of the clips' content hashes within each language, the languages taking turns: a pass stopped part
+    way has labelled a sample of every folder; a file's windows come in order."""
+    groups: dict[str, list[Clip]] = {}
+    for clip in sorted(clips, key=lambda c: (c.digest, c.window)):
+        groups.setdefault(teacher.given_language(clip) or "", []).append(clip)
+    runs = [[group[i : i + size] for i in range(0, len(group), size)] for _, group in sorted(groups.items())]
+    return [run[i] for i in range(max(map(len, runs), default=0)) for run in runs if i < len(run)]
 
 
 def _examples(cache: TeacherCache, clips: list[Clip], keep_capped: bool) -> tuple[list[LabelInfo], int]:
@@ -209,9 +228,13 @@ def _load_target(options: DistillOptions) -> ModelPair:
     if not getattr(pair.target.generation_config, "is_multilingual", False):
         if "translate" in (*options.teacher.tasks, options.evaluation.task):
             raise DistillError(f"target '{options.target}' is English-only: it cannot translate (--tasks, --eval-task)")
-        if options.teacher.language not in (None, "en"):
+        if options.teacher.language not in (None, "en", FOLDER_LANGUAGE):
             raise DistillError(f"target '{options.target}' is English-only: --language {options.teacher.language} "
                                "is not available")
+    specials = pair.target.config.vocab_size - eos_token(pair.target.generation_config)
+    if options.train.draft_vocab and options.train.draft_vocab <= specials:
+        raise DistillError(f"--draft-vocab {options.train.draft_vocab} cannot hold the target's {specials} special and "
+                           "timestamp tokens: give more, or 0 for the whole vocabulary")
     return pair
 
 
@@ -288,7 +311,7 @@ def _train_and_write(run: _Run) -> DistillResult:
         evaluation = {"initial": asdict(initial), **_evaluate(run, exported, measure(student, run.held_examples))}
         if run.baseline is not None:
             baseline = copy.deepcopy(run.baseline).float()
-            measured = measure(baseline, run.held_examples, head=head_weight(baseline, head.ids))
+            measured = measure(baseline, run.held_examples, head=head_weight(baseline, _own_head_ids(pair, baseline)))
             evaluation["baseline"] = {"draft": options.evaluation.baseline_draft,
                                       **_evaluate(run, run.baseline, measured)}
     card = _card(run, result, evaluation)
@@ -299,6 +322,12 @@ def _train_and_write(run: _Run) -> DistillResult:
     run.file.write(run.identity, "done")
     (options.out / CHECKPOINT).unlink(missing_ok=True)
     return DistillResult(options.out, card, result, run.teacher, run.cache.folder, student)
+
+
+def _own_head_ids(pair: ModelPair, draft) -> torch.Tensor | None:
+    """The ids the runtime's head scores for another draft (its own ranking, or the shipped one)."""
+    vocab, eos = pair.target.config.vocab_size, eos_token(pair.target.generation_config)
+    return draft_vocabulary(pair.processor.tokenizer, vocab, eos, RUNTIME_DRAFT_VOCAB, draft_ranking(draft))
 
 
 def _label_ranking(run: _Run, size: int | None) -> tuple[int, ...] | None:

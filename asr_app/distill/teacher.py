@@ -9,6 +9,7 @@ distribution is what is matched to it.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 from collections.abc import Sequence
@@ -141,19 +142,37 @@ class Teacher:
                                max_new_tokens=self.options.max_new_tokens)
         return self.decoder.decode_features(feats, opts)
 
-    def _given_language(self, clip: Clip) -> str | None:
-        """The language a clip is labelled in before the target hears it (None: the target detects it)."""
+    def given_language(self, clip: Clip) -> str | None:
+        """The language a clip is labelled in before the target hears it (None: the target detects it): a
+        folder's language the target does not know is detected instead (folder_summary says so)."""
         if not self.multilingual:
             return "en"
         if self.options.language == FOLDER_LANGUAGE:
-            return clip.folder_language
+            return clip.folder_language if clip.folder_language in self.known_languages else None
         return self.options.language
+
+    @property
+    def known_languages(self) -> set[str]:
+        lang_to_id = getattr(self.target.generation_config, "lang_to_id", None) or {}
+        return {token.removeprefix("<|").removesuffix("|>") for token in lang_to_id}
+
+    def folder_summary(self, clips: Sequence[Clip]) -> str:
+        """One line: how many clips each folder language labels, and how many the target detects (and why)."""
+        given = collections.Counter(self.given_language(c) for c in clips)
+        unknown = collections.Counter(c.folder_language for c in clips
+                                      if c.folder_language and self.given_language(c) is None)
+        named = ", ".join(f"{lang} {n}" for lang, n in sorted(given.items(), key=lambda kv: str(kv[0])) if lang)
+        line = f"languages from folders: {named or 'none'}; detected by the target: {given[None]} clips"
+        if unknown:
+            line += " (" + ", ".join(f"{n} under {lang}/, not a language of this target" for lang, n in
+                                     sorted(unknown.items())) + ")"
+        return line
 
     def _transcribe(self, clips: Sequence[Clip], feats: torch.Tensor):
         """Per clip: (language, [(variant, output tokens)]). Each clip's first variant is decoded in the
         language given for it (None: detected by the target), the others in the language found then."""
         plans = [clip_variants(c, self.options) for c in clips]
-        given = [self._given_language(c) for c in clips]
+        given = [self.given_language(c) for c in clips]
         languages: list[str | None] = list(given)
         decoded: list[list[tuple[Variant, list[int]]]] = [[] for _ in clips]
         firsts = sorted({(p[0], given[i] or "") for i, p in enumerate(plans)},

@@ -19,6 +19,8 @@ from asr_app.distill.cache import LabelInfo, TeacherCache
 def label_ranking(cache: TeacherCache, labels: Iterable[LabelInfo], eos: int, keep: int) -> tuple[int, ...]:
     """The `keep` text ids (below `eos`) most frequent among the labels' predicted tokens, then the unseen
     ids in ascending order."""
+    if keep < 1:
+        raise ValueError(f"a ranking keeps at least one text token, not {keep}")
     counts: collections.Counter[int] = collections.Counter()
     for info in labels:
         tokens = cache.tokens(info)

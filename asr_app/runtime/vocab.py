@@ -120,7 +120,8 @@ def draft_ranking(draft) -> tuple[int, ...] | None:
     if ranking is None:
         return None
     vocab = draft.config.vocab_size
-    if not isinstance(ranking, list | tuple) or not all(isinstance(i, int) and 0 <= i < vocab for i in ranking) \
+    if not isinstance(ranking, list | tuple) or \
+            not all(type(i) is int and 0 <= i < vocab for i in ranking) \
             or len(set(ranking)) != len(ranking):
         raise ValueError(f"the draft's config holds a malformed {RANKING_ATTR}: token ids below {vocab}, each once")
     return tuple(ranking)
@@ -135,6 +136,8 @@ def draft_vocabulary(tokenizer, vocab: int, eos: int, size: int,
     if size >= vocab:
         return None
     if ranking is not None:
+        if max(ranking, default=0) >= eos:
+            raise ValueError(f"the draft's {RANKING_ATTR} ranks ids from {eos} up: those are special tokens, always scored")
         return ranked_subset(vocab, eos, min(size, len(ranking) + vocab - eos), ranking)
     start, check, ranked = _ranking()
     sample = tuple(tokenizer.convert_ids_to_tokens(list(ranked[start : start + len(check)])))
