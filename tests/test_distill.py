@@ -335,6 +335,29 @@ def test_teacher_batches_hold_one_language_and_languages_take_turns():
     assert sorted(c.key for b in batches for c in b) == sorted(c.key for c in clips)
 
 
+def test_per_language_figures_group_by_folder_and_say_what_the_target_heard():
+    """Synthetic voices are sometimes heard as another language: the card groups held-out clips by the language
+    their folder names (detected where none does) and says what the target detected where it differs."""
+    from types import SimpleNamespace
+
+    from asr_app.decoding.options import DecodingStats
+    from asr_app.distill.card import _decoder_lines
+    from asr_app.distill.evaluate import _by_language
+
+    def stats(out, calls, drafted, accepted):
+        return DecodingStats("exact", True, tokens_out=out, target_calls=calls, drafted=drafted, accepted=accepted)
+
+    offs = [SimpleNamespace(language=lang) for lang in ("de", "cy", "en", "en")]
+    exacts = [SimpleNamespace(stats=s) for s in (stats(10, 4, 8, 6), stats(10, 6, 8, 4), stats(9, 3, 8, 6),
+                                                 stats(6, 2, 4, 4))]
+    rows = _by_language(offs, exacts, ["de", "de", None, "en"])
+    assert rows["de"]["clips"] == 2 and rows["de"]["detected_as"] == {"de": 1, "cy": 1}
+    assert rows["de"]["tokens_per_call"] == 2.0 and rows["de"]["acceptance"] == 10 / 16
+    assert rows["en"] == {"clips": 2, "acceptance": 10 / 12, "tokens_per_call": 3.0}   # heard as given: no note
+    lines = _decoder_lines({"identical": 4, "clips": 4, "by_language": rows}, "this draft")
+    assert "- de: 2 clips, acceptance 62.5%, 2.00 tokens per target call (detected as cy 1, de 1)" in lines
+
+
 def test_kl_with_a_rest_bucket_is_the_kl_over_k_plus_one_outcomes():
     torch.manual_seed(0)
     teacher = torch.log_softmax(torch.randn(3, 10), -1)

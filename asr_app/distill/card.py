@@ -27,8 +27,10 @@ def _decoder_lines(decoder: dict, name: str) -> list[str]:
         lines.append(f"{name}: `exact` (cost-aware gamma) against `off`, end to end over the clips: "
                      f"{decoder['speedup']:.2f}x ({decoder['off_s']:.1f} s vs {decoder['exact_s']:.1f} s).")
     for language, row in decoder.get("by_language", {}).items():
+        heard = row.get("detected_as")
+        heard_as = f" (detected as {', '.join(f'{k} {n}' for k, n in sorted(heard.items()))})" if heard else ""
         lines.append(f"- {language}: {row['clips']} clips, acceptance {_pct(row['acceptance'])}, "
-                     f"{row['tokens_per_call']:.2f} tokens per target call")
+                     f"{row['tokens_per_call']:.2f} tokens per target call{heard_as}")
     return lines
 
 

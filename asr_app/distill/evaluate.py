@@ -7,6 +7,7 @@ fixed gammas, greedy `exact` identical to `off`, and `exact`'s end-to-end speed 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -88,9 +89,11 @@ def _timed_pairs(decoder: SpeculativeDecoder, clips: Sequence[np.ndarray], first
 
 
 def in_decoder(pair: ModelPair, draft, clips: Sequence[np.ndarray], names: Sequence[str], options: EvalOptions,
-               max_new_tokens: int = 224, runtime: RuntimeOptions = RuntimeOptions()) -> InDecoder:
+               max_new_tokens: int = 224, runtime: RuntimeOptions = RuntimeOptions(),
+               languages: Sequence[str | None] | None = None) -> InDecoder:
     """The draft in the project's decoder beside `pair.target` (its encoder shared), greedy, with the
-    teacher pass's token limit."""
+    teacher pass's token limit. The clips decode in the language the target detects, as a user's do; the
+    per-language figures group them by `languages` (their folders' languages) where given."""
     check_pair(pair.target, draft, pair.target_name, "the distilled draft")
     with_draft = ModelPair(pair.target, draft, pair.processor, pair.device, pair.dtype, True, pair.target_name,
                            "distilled draft")
@@ -111,17 +114,21 @@ def in_decoder(pair: ModelPair, draft, clips: Sequence[np.ndarray], names: Seque
         mismatched += [f"{name} (gamma {gamma})" for name, a, b in zip(names, off, results) if a.tokens != b.tokens]
     return InDecoder(len(clips), tokens, acceptance, len(clips) - len({m.split(" (")[0] for m in mismatched}),
                      mismatched, off_s if options.speed else None, exact_s if options.speed else None,
-                     _by_language(off, auto))
+                     _by_language(off, auto, languages or [None] * len(clips)))
 
 
-def _by_language(off, exact) -> dict[str, dict]:
-    """Per detected language: clips, and the cost-aware exact run's acceptance and tokens per target call."""
+def _by_language(off, exact, languages: Sequence[str | None]) -> dict[str, dict]:
+    """Per language (the one given for a clip, else the detected one): clips, the cost-aware exact run's
+    acceptance and tokens per target call, and the languages the target detected where they differ."""
     groups: dict[str, list] = {}
-    for a, b in zip(off, exact):
-        groups.setdefault(a.language or "?", []).append(b.stats)
+    for a, b, given in zip(off, exact, languages):
+        groups.setdefault(given or a.language or "?", []).append((a.language or "?", b.stats))
     out = {}
-    for language, stats in sorted(groups.items()):
-        total = DecodingStats.total(stats)
-        out[language] = {"clips": len(stats), "acceptance": total.acceptance_rate,
+    for language, rows in sorted(groups.items()):
+        total = DecodingStats.total([stats for _, stats in rows])
+        out[language] = {"clips": len(rows), "acceptance": total.acceptance_rate,
                          "tokens_per_call": total.tokens_out / max(total.target_calls, 1)}
+        detected = collections.Counter(found for found, _ in rows)
+        if set(detected) != {language}:
+            out[language]["detected_as"] = dict(detected)
     return out

@@ -349,7 +349,8 @@ def _evaluate(run: _Run, draft, teacher_forced_figures) -> dict:
     read = ClipReader()
     audio = [read(c) for c in clips]
     names = [f"{c.path.name}#{c.window}" for c in clips]
-    decoder = in_decoder(run.pair, draft, audio, names, options.evaluation, options.teacher.max_new_tokens)
+    decoder = in_decoder(run.pair, draft, audio, names, options.evaluation, options.teacher.max_new_tokens,
+                         languages=[c.folder_language for c in clips])
     return {"clips": len(held), "hours": sum(c.seconds for c in held) / 3600, "final": asdict(teacher_forced_figures),
             "decoder": {**asdict(decoder), "speedup": decoder.speedup}}
 
