@@ -161,7 +161,7 @@ def test_hub_id_from_offline_cache_and_missing_id(tmp_path):
 
 
 def test_bundled_draft_joins_tiny_en_and_refuses_other_targets(tiny_en_pair, tmp_path):
-    from asr_app.models.bundled import is_tiny_en, load_bundled_draft
+    from asr_app.models.bundled import bundle_for, is_tiny_en, load_bundled_draft
 
     target = tiny_en_pair.target
     draft = load_bundled_draft(target)
@@ -173,6 +173,7 @@ def test_bundled_draft_joins_tiny_en_and_refuses_other_targets(tiny_en_pair, tmp
     assert not torch.equal(decoder.layers[0].fc1.weight, target.get_decoder().layers[0].fc1.weight)
     with pytest.raises(ModelLoadError, match="distilled from Whisper tiny.en"):
         load_bundled_draft(small_whisper())
+    assert bundle_for(small_whisper()) is None and bundle_for(target).name == "distil-tiny.en-draft"
     other = tmp_path / "other-whisper"
     small_whisper().save_pretrained(other)
     WhisperProcessor.from_pretrained(TINY_EN_DIR).save_pretrained(other)

@@ -356,7 +356,8 @@ def _evaluate(run: _Run, draft, teacher_forced_figures) -> dict:
 
 
 def load_baseline(spec: str, pair: ModelPair) -> WhisperForCausalLM:
-    """Another draft to measure beside the new one: "bundled" (the shipped tiny.en draft) or a folder."""
+    """Another draft to measure beside the new one: "bundled" (the draft the package ships for this target) or a
+    folder."""
     if spec == BUNDLED:
         return load_bundled_draft(pair.target)
     try:

@@ -18,7 +18,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from asr_app.models import ct2
-from asr_app.models.bundled import is_tiny_en, load_bundled_draft
+from asr_app.models.bundled import bundle_for, load_bundled_draft
 from asr_app.models.defaults import choose_default, hub_offline, hub_reachable, is_cached
 from asr_app.models.derive import derive_draft
 from asr_app.models.device import resolve_device, resolve_draft_dtype, resolve_dtype
@@ -223,18 +223,19 @@ def _names(pair: str | None, target: str | None, draft: str | None, device: torc
 
 
 def _build_draft(spec: str | None, target_model, target_name: str, device: torch.device, dtype: torch.dtype):
-    """(draft model or None, its name). "auto" for a target no preset knows: the bundled draft if the
-    target is tiny.en, else none; "derived": decoder layers (0, last) of the target; "bundled": the draft
-    shipped in the package (tiny.en only)."""
+    """(draft model or None, its name). "auto" for a target no preset knows: the bundled draft made for the
+    target if the package ships one, else none; "derived": decoder layers (0, last) of the target;
+    "bundled": the draft shipped in the package for this target."""
     if spec == "auto":
-        spec = BUNDLED if is_tiny_en(target_model) else None
+        spec = BUNDLED if bundle_for(target_model) is not None else None
     if spec is None:
         return None, None
     if spec == "derived":
         last = target_model.config.decoder_layers - 1
         return derive_draft(target_model, layers=(0, last) if last > 0 else (0,)), f"derived({target_name}, layers 0,{last})"
     if spec == BUNDLED:
-        return load_bundled_draft(target_model), "bundled distil-tiny.en draft"
+        draft = load_bundled_draft(target_model)
+        return draft, f"bundled {bundle_for(target_model).name.removesuffix('-draft')} draft"
     return _load_draft(spec, device, dtype).to(device=device, dtype=dtype).eval(), spec
 
 
