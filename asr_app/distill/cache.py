@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,10 +114,10 @@ class TeacherCache:
         """The language a cached record was labelled in."""
         return self._meta(key)["language"]
 
-    def tokens(self, info: LabelInfo) -> list[int]:
-        """One label's tokens (prompt included), read without the rest of its record."""
-        with safe_open(str(self.path(info.key)), framework="pt") as handle:
-            return handle.get_tensor(f"{info.index}.tokens").tolist()
+    def tokens(self, key: str, indices: Iterable[int]) -> list[list[int]]:
+        """Some of a record's labels' tokens (prompt included), read without the rest of the record."""
+        with safe_open(str(self.path(key)), framework="pt") as handle:
+            return [handle.get_tensor(f"{i}.tokens").tolist() for i in indices]
 
     def load(self, key: str) -> Record:
         meta = self._meta(key)

@@ -9,20 +9,16 @@ the embeddings were frozen at the target's values and are joined from the loaded
 from __future__ import annotations
 
 import copy
-import hashlib
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from transformers import WhisperForCausalLM
 
+from asr_app.models.bundled import embedding_fingerprint as embed_sha256  # what models/bundled.py checks
+
 SHARED = ("model.decoder.embed_tokens.weight", "model.decoder.embed_positions.weight", "proj_out.weight")
 BUNDLE = "bundle"
-
-
-def embed_sha256(embed: torch.Tensor) -> str:
-    """The fingerprint models/bundled.py checks a target's token embedding against (float16 bytes)."""
-    return hashlib.sha256(embed.detach().to("cpu", torch.float16).contiguous().numpy().tobytes()).hexdigest()
 
 
 def save_draft(student: WhisperForCausalLM, processor, folder: Path, dtype: torch.dtype = torch.float16) -> None:

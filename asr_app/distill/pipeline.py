@@ -39,7 +39,13 @@ from asr_app.models import ct2
 from asr_app.models.bundled import load_bundled_draft
 from asr_app.models.loading import ModelPair, load_pair
 from asr_app.models.presets import BUNDLED
-from asr_app.runtime.vocab import RANKING_ATTR, TokenSpace, draft_ranking, draft_vocabulary
+from asr_app.runtime.vocab import (
+    RANKING_ATTR,
+    TokenSpace,
+    draft_ranking,
+    draft_vocabulary,
+    shipped_ranking_fits,
+)
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
 
@@ -335,7 +341,7 @@ def _label_ranking(run: _Run, size: int | None) -> tuple[int, ...] | None:
     tokenizer (None: the shipped ranking applies, or the head scores every id)."""
     pair = run.pair
     vocab, eos = pair.target.config.vocab_size, eos_token(pair.target.generation_config)
-    if not size or size >= vocab or draft_vocabulary(pair.processor.tokenizer, vocab, eos, size) is not None:
+    if not size or size >= vocab or shipped_ranking_fits(pair.processor.tokenizer, vocab):
         return None
     return label_ranking(run.cache, run.examples, eos, size - (vocab - eos))
 

@@ -119,6 +119,7 @@ class Teacher:
         gc = self.target.generation_config
         self.multilingual = bool(getattr(gc, "is_multilingual", False))
         self.eos = eos_token(gc)
+        self.known_languages = {t.removeprefix("<|").removesuffix("|>") for t in getattr(gc, "lang_to_id", None) or {}}
 
     @torch.inference_mode()
     def label(self, clips: Sequence[Clip], audio: Sequence[np.ndarray]) -> list[Record]:
@@ -150,11 +151,6 @@ class Teacher:
         if self.options.language == FOLDER_LANGUAGE:
             return clip.folder_language if clip.folder_language in self.known_languages else None
         return self.options.language
-
-    @property
-    def known_languages(self) -> set[str]:
-        lang_to_id = getattr(self.target.generation_config, "lang_to_id", None) or {}
-        return {token.removeprefix("<|").removesuffix("|>") for token in lang_to_id}
 
     def folder_summary(self, clips: Sequence[Clip]) -> str:
         """One line: how many clips each folder language labels, and how many the target detects (and why)."""

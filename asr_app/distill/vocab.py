@@ -21,10 +21,13 @@ def label_ranking(cache: TeacherCache, labels: Iterable[LabelInfo], eos: int, ke
     ids in ascending order."""
     if keep < 1:
         raise ValueError(f"a ranking keeps at least one text token, not {keep}")
-    counts: collections.Counter[int] = collections.Counter()
+    by_record: dict[str, list[LabelInfo]] = {}
     for info in labels:
-        tokens = cache.tokens(info)
-        counts.update(t for t in tokens[info.length - info.predicted :] if t < eos)
+        by_record.setdefault(info.key, []).append(info)
+    counts: collections.Counter[int] = collections.Counter()
+    for key, infos in by_record.items():
+        for info, tokens in zip(infos, cache.tokens(key, [i.index for i in infos])):
+            counts.update(t for t in tokens[info.length - info.predicted :] if t < eos)
     seen = sorted(counts, key=lambda t: (-counts[t], t))
     unseen = (t for t in range(eos) if t not in counts)
     return tuple([*seen, *unseen][:keep])

@@ -51,11 +51,15 @@ class Bundle:
         with safe_open(str(self.folder / WEIGHTS_NAME), framework="pt") as f:
             return f.metadata()["embed_sha256"]
 
+    @functools.cached_property
+    def embedding_shape(self) -> tuple[int, int]:
+        config = WhisperConfig.from_pretrained(self.folder)
+        return config.vocab_size, config.d_model
+
     def fits(self, target) -> bool:
         """Whether `target` carries the token embedding this draft was distilled against."""
         embed = target.get_decoder().embed_tokens.weight
-        config = WhisperConfig.from_pretrained(self.folder)
-        return tuple(embed.shape) == (config.vocab_size, config.d_model) and embedding_fingerprint(embed) == self.fingerprint
+        return tuple(embed.shape) == self.embedding_shape and embedding_fingerprint(embed) == self.fingerprint
 
 
 def bundles() -> tuple[Bundle, ...]:
@@ -72,9 +76,10 @@ def is_tiny_en(target) -> bool:
     return Bundle(BUNDLE_DIR).fits(target)
 
 
-def load_bundled_draft(target) -> WhisperForCausalLM:
-    """The bundled draft made for `target`, on the target's device and dtype."""
-    bundle = bundle_for(target)
+def load_bundled_draft(target, bundle: Bundle | None = None) -> WhisperForCausalLM:
+    """The bundled draft made for `target` (`bundle`, when the caller has already found it), on the target's
+    device and dtype."""
+    bundle = bundle or bundle_for(target)
     if bundle is None:
         made_for = " and ".join(f"Whisper {b.target_name}" for b in bundles())
         raise ModelLoadError(

@@ -226,16 +226,16 @@ def _build_draft(spec: str | None, target_model, target_name: str, device: torch
     """(draft model or None, its name). "auto" for a target no preset knows: the bundled draft made for the
     target if the package ships one, else none; "derived": decoder layers (0, last) of the target;
     "bundled": the draft shipped in the package for this target."""
+    bundle = bundle_for(target_model) if spec in ("auto", BUNDLED) else None   # one embedding hash per load
     if spec == "auto":
-        spec = BUNDLED if bundle_for(target_model) is not None else None
+        spec = BUNDLED if bundle is not None else None
     if spec is None:
         return None, None
     if spec == "derived":
         last = target_model.config.decoder_layers - 1
         return derive_draft(target_model, layers=(0, last) if last > 0 else (0,)), f"derived({target_name}, layers 0,{last})"
     if spec == BUNDLED:
-        draft = load_bundled_draft(target_model)
-        return draft, f"bundled {bundle_for(target_model).name.removesuffix('-draft')} draft"
+        return load_bundled_draft(target_model, bundle), f"bundled {bundle.name.removesuffix('-draft')} draft"
     return _load_draft(spec, device, dtype).to(device=device, dtype=dtype).eval(), spec
 
 

@@ -139,12 +139,17 @@ def draft_vocabulary(tokenizer, vocab: int, eos: int, size: int,
         if max(ranking, default=0) >= eos:
             raise ValueError(f"the draft's {RANKING_ATTR} ranks ids from {eos} up: those are special tokens, always scored")
         return ranked_subset(vocab, eos, min(size, len(ranking) + vocab - eos), ranking)
-    start, check, ranked = _ranking()
-    sample = tuple(tokenizer.convert_ids_to_tokens(list(ranked[start : start + len(check)])))
-    if vocab != ENGLISH_ONLY_VOCAB or sample != check:
+    if not shipped_ranking_fits(tokenizer, vocab):
         log.info("no token ranking for this tokenizer: the draft scores the whole vocabulary")
         return None
     return ranked_subset(vocab, eos, size)
+
+
+def shipped_ranking_fits(tokenizer, vocab: int) -> bool:
+    """Whether the shipped English ranking was made for this tokenizer (its size and sample tokens)."""
+    start, check, ranked = _ranking()
+    return vocab == ENGLISH_ONLY_VOCAB and \
+        tuple(tokenizer.convert_ids_to_tokens(list(ranked[start : start + len(check)]))) == check
 
 
 def ranked_subset(vocab: int, eos: int, size: int, ranking: Sequence[int] | None = None) -> torch.Tensor:
