@@ -291,7 +291,7 @@ def test_bad_input_gets_one_clear_line(workspace, cli_run, capsys, monkeypatch):
     assert code == 2 and "English-only: it cannot translate" in err
     code, err = run_cli(capsys, *common, "--audio", str(ws / "train"), "--out", str(ws / "o7"), "--baseline-draft",
                         "bundled")
-    assert code == 2 and "distilled from Whisper tiny.en" in err and not (ws / "o7").exists()
+    assert code == 2 and "distilled from Whisper base and Whisper tiny.en" in err and not (ws / "o7").exists()
     code, err = run_cli(capsys, *common, "--audio", str(ws / "train"), "--out", str(ws / "o8"), "--draft-vocab", "1000")
     assert code == 2 and "cannot hold the target's 1608 special" in err and not (ws / "o8" / "run.json").exists()
     code, err = run_cli(capsys, *common, "--audio", str(ws / "train"), "--out", str(ws / "o3"), "--resume")

@@ -171,13 +171,13 @@ def test_bundled_draft_joins_tiny_en_and_refuses_other_targets(tiny_en_pair, tmp
     assert draft.proj_out.weight.data_ptr() == decoder.embed_tokens.weight.data_ptr()  # tied, as trained
     # its layers are its own (distilled), not copies of tiny.en's layers 0 and 3
     assert not torch.equal(decoder.layers[0].fc1.weight, target.get_decoder().layers[0].fc1.weight)
-    with pytest.raises(ModelLoadError, match="distilled from Whisper tiny.en"):
+    with pytest.raises(ModelLoadError, match="distilled from Whisper base and Whisper tiny.en"):
         load_bundled_draft(small_whisper())
     assert bundle_for(small_whisper()) is None and bundle_for(target).name == "distil-tiny.en-draft"
     other = tmp_path / "other-whisper"
     small_whisper().save_pretrained(other)
     WhisperProcessor.from_pretrained(TINY_EN_DIR).save_pretrained(other)
-    with pytest.raises(ModelLoadError, match="distilled from Whisper tiny.en"):
+    with pytest.raises(ModelLoadError, match="distilled from Whisper base and Whisper tiny.en"):
         load_pair(target=str(other), draft="bundled", device="cpu")
     assert load_pair(target=str(other), device="cpu").draft is None  # "auto" for an unknown target: none
     pair = load_pair(target=str(TINY_EN_DIR), draft="bundled", device="cpu")

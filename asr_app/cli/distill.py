@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decode the held-out clips with this task (translate: a multilingual target)")
     g.add_argument("--no-speed", action="store_true", help="do not report the exact/off timing")
     g.add_argument("--baseline-draft", default=None, metavar="DRAFT",
-                   help="also measure this draft on the held-out clips: bundled (the shipped tiny.en draft) or a folder")
+                   help="also measure this draft on the held-out clips: bundled (the draft shipped for the target) or a folder")
     return p
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BUNDLED = "bundled"  # the draft value that names the distilled tiny.en draft shipped in the package
+BUNDLED = "bundled"  # the draft value that names the distilled draft shipped in the package for the target
 
 
 @dataclass(frozen=True)
@@ -16,7 +16,7 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     "tiny.en": Preset("tiny.en", "openai/whisper-tiny.en", BUNDLED),
-    "base": Preset("base", "openai/whisper-base", None),  # multilingual; no distilled draft exists for it
+    "base": Preset("base", "openai/whisper-base", BUNDLED),  # multilingual; its draft made by asr-distill
     "small.en": Preset("small.en", "openai/whisper-small.en", "distil-whisper/distil-small.en"),
     "medium.en": Preset("medium.en", "openai/whisper-medium.en", "distil-whisper/distil-medium.en"),
     "large-v2": Preset("large-v2", "openai/whisper-large-v2", "distil-whisper/distil-large-v2"),
