@@ -62,6 +62,7 @@ class Bundle:
         return tuple(embed.shape) == self.embedding_shape and embedding_fingerprint(embed) == self.fingerprint
 
 
+@functools.cache   # the package's data folder does not change while it runs: each draft's config and hash read once
 def bundles() -> tuple[Bundle, ...]:
     return tuple(Bundle(f) for f in sorted(DATA_DIR.iterdir()) if (f / WEIGHTS_NAME).is_file())
 

@@ -249,8 +249,8 @@ def load_pair(
 ) -> ModelPair:
     """Load target + draft. `draft="auto"`: the preset's draft, or the draft the package ships for the
     target, else none; `None`/"none": target-only; "derived": decoder layers (0, last) of the target;
-    "bundled": the distilled draft shipped in the package for the target (tiny.en, base). `draft_dtype`: the draft's own dtype (default: the
-    target's; see `resolve_draft_dtype`)."""
+    "bundled": the distilled draft shipped in the package for the target (tiny.en, base). `draft_dtype`: the
+    draft's own dtype (default: the target's; see `resolve_draft_dtype`)."""
     hf_logging.disable_progress_bar()  # transformers' per-file "Loading weights" bars: noise for our users
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
