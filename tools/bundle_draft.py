@@ -11,7 +11,6 @@ embedding, and `asr_app.models.bundled` joins them with the target's embedding a
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -19,8 +18,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from asr_app.distill.export import SHARED
+from asr_app.models.bundled import embedding_fingerprint
+
 OUT = Path(__file__).resolve().parents[1] / "asr_app" / "models" / "data" / "distil-tiny.en-draft"
-SHARED = ("model.decoder.embed_tokens.weight", "model.decoder.embed_positions.weight", "proj_out.weight")
 
 
 def main() -> None:
@@ -28,15 +29,15 @@ def main() -> None:
     ap.add_argument("--draft", type=Path, required=True)
     args = ap.parse_args()
     tensors = load_file(args.draft / "model.safetensors")
-    embed = tensors["model.decoder.embed_tokens.weight"].to(torch.float16).contiguous()
+    fingerprint = embedding_fingerprint(tensors["model.decoder.embed_tokens.weight"])
     own = {k: v.to(torch.float16).contiguous() for k, v in tensors.items() if k not in SHARED}
     OUT.mkdir(parents=True, exist_ok=True)
     save_file(own, str(OUT / "draft.safetensors"),
-              metadata={"embed_sha256": hashlib.sha256(embed.numpy().tobytes()).hexdigest()})
+              metadata={"embed_sha256": fingerprint})
     for name in ("config.json", "generation_config.json"):
         shutil.copy(args.draft / name, OUT / name)
     print(f"wrote {len(own)} tensors ({sum(v.numel() for v in own.values()) / 1e6:.2f} M parameters) to {OUT}")
-    print(json.dumps({"embed_sha256": hashlib.sha256(embed.numpy().tobytes()).hexdigest()}))
+    print(json.dumps({"embed_sha256": fingerprint}))
 
 
 if __name__ == "__main__":
