@@ -160,6 +160,16 @@ def test_hub_id_from_offline_cache_and_missing_id(tmp_path):
     assert "openai/whisper-small.en" in error and "HF_HUB_OFFLINE" in error and "local directory" in error
 
 
+def test_a_bundled_drafts_target_loaded_in_bfloat16_is_told_which_dtype_to_use(tiny_en_pair):
+    """The draft is matched by the target's float16 embedding, which bfloat16 rounds away: the refusal says so
+    (not "a different model") and names the way out."""
+    from asr_app.models.bundled import load_bundled_draft
+
+    target = copy.deepcopy(tiny_en_pair.target).to(torch.bfloat16)
+    with pytest.raises(ModelLoadError, match="loaded in bfloat16.*--dtype float16 or float32"):
+        load_bundled_draft(target)
+
+
 def test_bundled_draft_joins_tiny_en_and_refuses_other_targets(tiny_en_pair, tmp_path):
     from asr_app.models.bundled import bundle_for, is_tiny_en, load_bundled_draft
 

@@ -81,6 +81,12 @@ def load_bundled_draft(target, bundle: Bundle | None = None) -> WhisperForCausal
     """The bundled draft made for `target` (`bundle`, when the caller has already found it), on the target's
     device and dtype."""
     bundle = bundle or bundle_for(target)
+    embed = target.get_decoder().embed_tokens.weight
+    same_shape = any(b.embedding_shape == tuple(embed.shape) for b in bundles())
+    if bundle is None and embed.dtype == torch.bfloat16 and same_shape:
+        # The fingerprint is of the float16 embedding; bfloat16 keeps fewer mantissa bits, so it cannot be matched.
+        raise ModelLoadError("a bundled draft is matched to its target by the target's float16 embedding, which a "
+                             "target loaded in bfloat16 no longer holds: pass --dtype float16 or float32, or --draft none")
     if bundle is None:
         made_for = " and ".join(f"Whisper {b.target_name}" for b in bundles())
         raise ModelLoadError(
