@@ -111,6 +111,10 @@ def test_distillation_learns(cli_run):
     assert train["final"]["agreement"] > train["first"]["agreement"], train
     assert (out / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "teacher-forced agreement" in (out / "README.md").read_text()
+    dec = ev["decoder"]  # the timed runs' split: the loop is what a draft can shorten, the rest bounds the gain
+    assert dec["off_split"]["encoder_s"] > 0 and dec["off_split"]["draft_s"] < dec["off_split"]["target_s"]
+    assert dec["exact_split"]["draft_s"] > dec["off_split"]["draft_s"] and dec["ceiling"] > 1 and dec["loop_speedup"] > 0
+    assert "no draft could make `exact` more than" in (out / "README.md").read_text()
     base = ev["baseline"]  # the other draft, on the same clips
     assert base["draft"].endswith("baseline") and base["decoder"]["identical"] == 2
     assert base["final"]["positions"] == ev["final"]["positions"] and f"baseline `{base['draft']}`" in (
@@ -356,6 +360,22 @@ def test_per_language_figures_group_by_folder_and_say_what_the_target_heard():
     assert rows["en"] == {"clips": 2, "acceptance": 10 / 12, "tokens_per_call": 3.0}   # heard as given: no note
     lines = _decoder_lines({"identical": 4, "clips": 4, "by_language": rows}, "this draft")
     assert "- de: 2 clips, acceptance 62.5%, 2.00 tokens per target call (detected as cy 1, de 1)" in lines
+
+
+def test_the_card_bounds_the_speed_up_by_the_time_outside_the_token_loop():
+    """`off` spent 10 s, 5 of them in its token loop: a draft that made the loop free would give 2x, no more;
+    `exact`'s loop (1 s of drafts, 1.5 s of target steps) is 2x faster than `off`'s."""
+    from asr_app.distill.card import _decoder_lines
+    from asr_app.distill.evaluate import InDecoder, TimeSplit, decoder_figures
+
+    decoder = InDecoder(3, {}, {}, 3, off_s=10.0, exact_s=7.5, off_split=TimeSplit(4.0, 0.0, 5.0, 9.5),
+                        exact_split=TimeSplit(4.0, 1.0, 1.5, 7.0))
+    figures = decoder_figures(decoder)
+    assert figures["ceiling"] == 2.0 and figures["loop_speedup"] == 2.0 and abs(figures["speedup"] - 4 / 3) < 1e-9
+    lines = _decoder_lines(figures, "this draft")
+    assert ("this draft: the token loop alone 2.00x; it was 50.0% of `off`'s time (the encoder 40.0%), so no draft "
+            "could make `exact` more than 2.00x `off` on these clips.") in lines
+    assert InDecoder(3, {}, {}, 3).ceiling is None  # not timed (--no-speed)
 
 
 def test_kl_with_a_rest_bucket_is_the_kl_over_k_plus_one_outcomes():

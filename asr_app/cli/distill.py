@@ -181,6 +181,9 @@ def _summary(result) -> list[str]:
         calls = ", ".join(f"g{g} {v:.2f}" for g, v in dec["tokens_per_call"].items())
         lines.append(f"held-out: agreement {100 * ev['initial']['agreement']:.1f}% -> {100 * ev['final']['agreement']:.1f}%"
                      f"; tokens per target call {calls}; exact == off on {dec['identical']}/{dec['clips']} clips")
+        if dec.get("speedup") and dec.get("loop_speedup") and dec.get("ceiling"):
+            lines.append(f"speed: exact {dec['speedup']:.2f}x off end to end, {dec['loop_speedup']:.2f}x in the token "
+                         f"loop; at most {dec['ceiling']:.2f}x with any draft (the rest costs both alike)")
     lines.append(f"use it: asr-transcribe FILE --target {card['target']['name']} --draft {result.out}")
     return lines
 

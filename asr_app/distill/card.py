@@ -26,6 +26,12 @@ def _decoder_lines(decoder: dict, name: str) -> list[str]:
     if decoder.get("speedup"):
         lines.append(f"{name}: `exact` (cost-aware gamma) against `off`, end to end over the clips: "
                      f"{decoder['speedup']:.2f}x (`exact` {decoder['exact_s']:.1f} s, `off` {decoder['off_s']:.1f} s).")
+    if decoder.get("ceiling"):
+        off = decoder["off_split"]
+        lines.append(f"{name}: the token loop alone {_num(decoder.get('loop_speedup'))}x; it was "
+                     f"{_pct((off['draft_s'] + off['target_s']) / decoder['off_s'])} of `off`'s time (the encoder "
+                     f"{_pct(off['encoder_s'] / decoder['off_s'])}), so no draft could make `exact` more than "
+                     f"{decoder['ceiling']:.2f}x `off` on these clips.")
     for language, row in decoder.get("by_language", {}).items():
         heard = row.get("detected_as")
         heard_as = f" (detected as {', '.join(f'{k} {n}' for k, n in sorted(heard.items()))})" if heard else ""

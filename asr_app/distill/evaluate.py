@@ -34,6 +34,25 @@ class TeacherForced:
 
 
 @dataclass
+class TimeSplit:
+    """Where a mode's decodes spent their time, summed over the clips (from each decode's own stats)."""
+    encoder_s: float
+    draft_s: float
+    target_s: float   # target steps and verification
+    total_s: float
+
+    @classmethod
+    def of(cls, results: Sequence) -> TimeSplit:
+        stats = DecodingStats.total([r.stats for r in results])
+        return cls(stats.encoder_s, stats.draft_s, stats.target_s + stats.verify_s, stats.total_s)
+
+    @property
+    def loop_s(self) -> float:
+        """The token loop: the only part a draft can shorten."""
+        return self.draft_s + self.target_s
+
+
+@dataclass
 class InDecoder:
     clips: int
     tokens_per_call: dict[int, float]       # gamma -> output tokens per target call
@@ -43,10 +62,28 @@ class InDecoder:
     off_s: float | None = None              # wall time of off over the clips (cost-aware exact beside it)
     exact_s: float | None = None
     by_language: dict[str, dict] = field(default_factory=dict)
+    off_split: TimeSplit | None = None      # the timed runs' time split (with off_s and exact_s)
+    exact_split: TimeSplit | None = None
 
     @property
     def speedup(self) -> float | None:
         return self.off_s / self.exact_s if self.off_s and self.exact_s else None
+
+    @property
+    def loop_speedup(self) -> float | None:
+        """`exact` against `off` in the token loop alone (drafts, target steps, verification)."""
+        if not (self.off_split and self.exact_split and self.exact_split.loop_s):
+            return None
+        return self.off_split.loop_s / self.exact_split.loop_s
+
+    @property
+    def ceiling(self) -> float | None:
+        """The end-to-end speed-up a draft could give at most here: `off` with its token loop taking no time.
+        The encoder, features and the rest cost both modes alike, so a perfect draft cannot beat this."""
+        if not (self.off_s and self.off_split):
+            return None
+        rest = self.off_s - self.off_split.loop_s
+        return self.off_s / rest if rest > 0 else None
 
 
 @torch.no_grad()
@@ -104,6 +141,7 @@ def in_decoder(pair: ModelPair, draft, clips: Sequence[np.ndarray], names: Seque
     exact = dataclasses.replace(base, mode="exact")
     decoder.decode(clips[0], base), decoder.decode(clips[0], exact)  # warm-up: first-use costs are not timed
     off, auto, off_s, exact_s = _timed_pairs(decoder, clips, base, exact)
+    splits = (TimeSplit.of(off), TimeSplit.of(auto)) if options.speed else (None, None)
     mismatched = [name for name, a, b in zip(names, off, auto) if a.tokens != b.tokens]
     tokens, acceptance = {}, {}
     for gamma in options.gammas:
@@ -114,7 +152,13 @@ def in_decoder(pair: ModelPair, draft, clips: Sequence[np.ndarray], names: Seque
         mismatched += [f"{name} (gamma {gamma})" for name, a, b in zip(names, off, results) if a.tokens != b.tokens]
     return InDecoder(len(clips), tokens, acceptance, len(clips) - len({m.split(" (")[0] for m in mismatched}),
                      mismatched, off_s if options.speed else None, exact_s if options.speed else None,
-                     _by_language(off, auto, languages or [None] * len(clips)))
+                     _by_language(off, auto, languages or [None] * len(clips)), *splits)
+
+
+def decoder_figures(decoder: InDecoder) -> dict:
+    """The card's record of `decoder`: its fields and the ratios derived from them."""
+    return {**dataclasses.asdict(decoder), "speedup": decoder.speedup, "loop_speedup": decoder.loop_speedup,
+            "ceiling": decoder.ceiling}
 
 
 def _by_language(off, exact, languages: Sequence[str | None]) -> dict[str, dict]:

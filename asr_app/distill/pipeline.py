@@ -28,7 +28,7 @@ from asr_app.distill.cache import LabelInfo, TeacherCache, default_cache_root
 from asr_app.distill.checkpoint import CHECKPOINT, RunFile, differences, normalised
 from asr_app.distill.data import Clip, ClipReader, inventory, split_holdout
 from asr_app.distill.errors import DistillError
-from asr_app.distill.evaluate import in_decoder, teacher_forced
+from asr_app.distill.evaluate import decoder_figures, in_decoder, teacher_forced
 from asr_app.distill.export import save_draft, write_bundle
 from asr_app.distill.options import FOLDER_LANGUAGE, RUNTIME_DRAFT_VOCAB, DistillOptions
 from asr_app.distill.student import build_student, default_layers, head_weight
@@ -358,7 +358,7 @@ def _evaluate(run: _Run, draft, teacher_forced_figures) -> dict:
     decoder = in_decoder(run.pair, draft, audio, names, options.evaluation, options.teacher.max_new_tokens,
                          languages=[c.folder_language for c in clips])
     return {"clips": len(held), "hours": sum(c.seconds for c in held) / 3600, "final": asdict(teacher_forced_figures),
-            "decoder": {**asdict(decoder), "speedup": decoder.speedup}}
+            "decoder": decoder_figures(decoder)}
 
 
 def load_baseline(spec: str, pair: ModelPair) -> WhisperForCausalLM:
