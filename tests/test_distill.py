@@ -436,6 +436,21 @@ def test_synthetic_speech_in_several_languages(tmp_path):
     assert {m["language"] for m in manifest} == {"en", "de", "ru"} and all("wpm" in m for m in manifest)
 
 
+@pytest.mark.skipif(not shutil.which("text2wave") or not Path("/usr/share/festival/voices/italian/pc_diphone").is_dir(),
+                    reason="festival's Italian voice is not installed (apt-get install festival festvox-itapc16k)")
+def test_a_sentence_a_voice_cannot_speak_is_skipped_and_the_rest_go_on(tmp_path):
+    """festival's Italian voices give no audio for "45%": that sentence is reported, the others are written."""
+    from asr_app.distill import synth
+
+    skipped = []
+    written = synth.generate([("it", "Il 45% ha votato."), ("it", "Buongiorno a tutti.")], tmp_path,
+                             engines=("festival",), skip=lambda *row: skipped.append(row))
+    assert [p.name for p in written] == ["it-0-000001.flac"]
+    assert len(skipped) == 1 and skipped[0][:2] == ("it", "Il 45% ha votato.") and "gave no audio" in skipped[0][2]
+    manifest = [json.loads(line) for line in (tmp_path / "manifest.jsonl").read_text().splitlines()]
+    assert [(m["text"], m["engine"]) for m in manifest] == [("Buongiorno a tutti.", "festival")]
+
+
 def test_every_command_line_option_reaches_the_options():
     """Each option of asr-distill changes the DistillOptions it builds (--threads and --quiet act in main)."""
     parser = cli.build_parser()

@@ -5,6 +5,7 @@ command line and the streaming pipeline."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -65,6 +66,24 @@ def test_forced_language_and_translation(decoder):
     english = decoder.decode(german, DecodingOptions(mode="off", language="de", task="translate"))[0]
     assert "morning" in words(english.text) and not {"guten", "morgen"} & words(english.text), english.text
     assert english.text.isascii()
+
+
+OTHER_VOICES = (("it", "festival", "pc_diphone", "Buongiorno, la città è molto bella.", {"città", "bella"}),
+                ("ru", "festival", "msu_ru_nsh_clunits", "Доброе утро, как дела?", {"утро", "дела"}),
+                ("en", "flite", "slt", "Good morning, the weather is fine today.", {"morning", "weather"}))
+
+
+@pytest.mark.skipif(not (shutil.which("flite") and shutil.which("text2wave")),
+                    reason="flite and festival are not installed (asr_app/distill/voices.py names the packages)")
+@pytest.mark.parametrize("language,engine,name,text,expected", OTHER_VOICES, ids=[v[2] for v in OTHER_VOICES])
+def test_festival_and_flite_voices_say_their_text(decoder, language, engine, name, text, expected):
+    """Training speech in other synthesisers' voices: base hears the sentence, accented letters included
+    (festival's Italian voices read ISO-8859-1: given UTF-8 they drop "città")."""
+    from asr_app.distill.voices import Voice, synthesize
+
+    audio = synthesize(text, Voice(language, name, "", 150, 50, engine))
+    heard = decoder.decode(audio, DecodingOptions(mode="off", language=language))[0].text
+    assert expected <= words(heard), heard
 
 
 def test_cli_detects_translates_and_refuses_english_only_mismatch(tmp_path, capsys):

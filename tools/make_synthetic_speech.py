@@ -1,6 +1,7 @@
 """Synthetic speech for asr-distill: sentences in text files spoken by espeak-ng in random voices, augmented.
 
     python tools/make_synthetic_speech.py --text en:sentences_en.txt --text de:saetze.txt --out synth/ --repeat 3
+    python tools/make_synthetic_speech.py --text it:frasi.txt --engines espeak-ng,festival --out synth/
     python tools/make_synthetic_speech.py --augment real-speech/ --copies 4 --out synth/
     asr-distill --target openai/whisper-base --audio synth/ real-speech/ --eval-audio held-out/ --out drafts/base
 
@@ -9,7 +10,8 @@ spoken --repeat times, each time in another voice, rate and pitch, with noise, r
 changes unless --no-augment. Files land in OUT/<language>/, with OUT/manifest.jsonl saying how each was made.
 --augment makes --copies augmented versions of every audio file under the given folders (OUT/real/).
 tools/make_training_text.py makes an English text file from Debian's fortunes, licences and Python's docs.
-Needs Debian's espeak-ng (apt-get install espeak-ng). See asr_app/distill/synth.py and docs/distill.md.
+Needs Debian's espeak-ng (apt-get install espeak-ng); --engines adds flite (English voices) and festival
+(English, Italian, Russian), whose packages asr_app/distill/voices.py names. See docs/distill.md.
 """
 
 from __future__ import annotations
@@ -21,14 +23,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from asr_app.distill.data import audio_files
-from asr_app.distill.synth import (
-    VOICES,
-    AugmentOptions,
-    SynthError,
-    augment_files,
-    espeak_available,
-    generate,
-)
+from asr_app.distill.synth import AugmentOptions, augment_files, generate
+from asr_app.distill.voices import ENGINES, PACKAGES, VOICES, SynthError, engine_available
 
 
 def sentences(specs: list[str], repeat: int) -> list[tuple[str, str]]:
@@ -52,26 +48,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="voices per sentence")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-augment", action="store_true")
+    ap.add_argument("--engines", default="espeak-ng",
+                    help=f"speech engines whose voices speak the text, comma-separated: {', '.join(ENGINES)} "
+                         "(each language's voices come from those that speak it)")
     args = ap.parse_args(argv)
     if not args.text and not args.augment:
         ap.error("give --text LANG:FILE and/or --augment DIR")
     if args.augment and (args.no_augment or args.copies < 1):
         ap.error("--augment writes augmented copies: it needs --copies >= 1 and no --no-augment")
-    if args.text and not espeak_available():
-        print("error: espeak-ng is not installed (apt-get install espeak-ng)", file=sys.stderr)
+    engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())
+    if unknown := [e for e in engines if e not in ENGINES] or (not engines and ["(none)"]):
+        ap.error(f"--engines: {', '.join(unknown)} unknown; choose from {', '.join(ENGINES)}")
+    if args.text and (missing := [e for e in engines if not engine_available(e)]):
+        print("error: " + "; ".join(f"{e} is not installed (apt-get install {PACKAGES[e]})" for e in missing),
+              file=sys.stderr)
         return 2
     try:
         todo = sentences(args.text, max(1, args.repeat))
         real, missing = audio_files(args.augment)
         if missing or (args.augment and not real):
             raise ValueError("; ".join(missing) or f"no audio files under {', '.join(map(str, args.augment))}")
+        skipped: list[tuple[str, str, str]] = []
         with tqdm(total=len(todo) + len(real), unit="clip", disable=None) as bar:
             written = generate(todo, args.out, args.seed, None if args.no_augment else AugmentOptions(),
-                               progress=lambda: bar.update())
+                               progress=lambda: bar.update(), engines=engines,
+                               skip=lambda language, text, reason: skipped.append((language, text, reason)))
             written += augment_files(real, args.out, args.copies, args.seed, progress=lambda: bar.update())
     except (OSError, ValueError, SynthError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if skipped:
+        language, text, reason = skipped[0]
+        print(f"skipped {len(skipped)} sentence(s) their voice could not speak; the first ({language}): "
+              f"{text[:60]!r}: {reason}", file=sys.stderr)
     print(f"wrote {len(written)} clips to {args.out}")
     return 0
 

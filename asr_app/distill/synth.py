@@ -1,18 +1,16 @@
-"""Synthetic speech to bootstrap a draft: sentences -> espeak-ng voices -> augmented 16 kHz clips.
+"""Synthetic speech to bootstrap a draft: sentences -> voices (voices.py) -> augmented 16 kHz clips.
 
 Distillation needs audio, not transcripts; where little real speech is at hand, Debian's espeak-ng speaks
-any text in many languages, and varied voices, rates and pitches plus noise, reverb, speed and level
-changes keep the clips from all sounding alike. Synthetic speech bootstraps a draft; it is no substitute
-for real speech in the evaluation (docs/distill.md). tools/make_synthetic_speech.py is the command.
+any text in many languages (flite and festival add other voices for some), and varied voices, rates and
+pitches plus noise, reverb, speed and level changes keep the clips from all sounding alike. Synthetic speech
+bootstraps a draft; it is no substitute for real speech in the evaluation (docs/distill.md).
+tools/make_synthetic_speech.py is the command.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,31 +20,7 @@ import soundfile as sf
 import soxr
 
 from asr_app.audio import SAMPLE_RATE
-
-ESPEAK = "espeak-ng"
-# Whisper's language code -> espeak-ng voices (English in several accents).
-VOICES: dict[str, tuple[str, ...]] = {
-    "en": ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-029"), "de": ("de",), "fr": ("fr",),
-    "es": ("es", "es-419"), "it": ("it",), "ru": ("ru",), "pt": ("pt", "pt-br"), "nl": ("nl",), "pl": ("pl",),
-}
-# espeak-ng's voice variants that sound like people (its robots, whispers and croaks left out).
-VARIANTS: tuple[str, ...] = (
-    "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8", "f1", "f2", "f3", "f4", "f5", "klatt", "klatt2", "klatt3",
-    "Andrea", "Alex", "Annie", "benjamin", "david", "edward", "linda", "max", "michel", "norbert", "steph",
-    "travis", "victor")
-
-
-class SynthError(RuntimeError):
-    """espeak-ng is missing or failed; the message says what to do."""
-
-
-@dataclass(frozen=True)
-class Voice:
-    language: str     # Whisper's code
-    voice: str        # espeak-ng's voice name
-    variant: str
-    wpm: int          # words per minute
-    pitch: int        # 0-99
+from asr_app.distill.voices import ESPEAK, SpeakError, SynthError, random_voice, synthesize
 
 
 @dataclass(frozen=True)
@@ -59,35 +33,6 @@ class AugmentOptions:
     speed: tuple[float, float] = (0.9, 1.1)
     level_dbfs: tuple[float, float] = (-28.0, -1.0)   # peak level
     silence_s: tuple[float, float] = (0.0, 0.5)       # added before and after
-
-
-def espeak_available() -> bool:
-    return shutil.which(ESPEAK) is not None
-
-
-def random_voice(language: str, rng: np.random.Generator, wpm: tuple[int, int] = (115, 215),
-                 pitch: tuple[int, int] = (15, 85)) -> Voice:
-    if language not in VOICES:
-        raise ValueError(f"no espeak-ng voice listed for language '{language}'; known: {', '.join(VOICES)}")
-    return Voice(language, str(rng.choice(VOICES[language])), str(rng.choice(VARIANTS)),
-                 int(rng.integers(wpm[0], wpm[1] + 1)), int(rng.integers(pitch[0], pitch[1] + 1)))
-
-
-def synthesize(text: str, voice: Voice) -> np.ndarray:
-    """`text` spoken by espeak-ng as 16 kHz mono float32."""
-    if not espeak_available():
-        raise SynthError(f"{ESPEAK} is not installed (Debian/Ubuntu: apt-get install espeak-ng)")
-    with tempfile.TemporaryDirectory() as folder:
-        wav = Path(folder) / "speech.wav"
-        # A file, not --stdout: the streamed WAV header has no length, which readers reject.
-        command = [ESPEAK, "-v", f"{voice.voice}+{voice.variant}", "-s", str(voice.wpm), "-p", str(voice.pitch),
-                   "-w", str(wav), "--", text]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-        if done.returncode != 0 or not wav.is_file():
-            raise SynthError(f"{ESPEAK} failed for voice {voice.voice}+{voice.variant}: {done.stderr.strip()[:200]}")
-        samples, rate = sf.read(str(wav), dtype="float32", always_2d=True)
-    mono = samples.mean(axis=1)
-    return soxr.resample(mono, rate, SAMPLE_RATE).astype(np.float32) if rate != SAMPLE_RATE else mono
 
 
 # ---------------------------------------------------------------------- augmentation
@@ -153,16 +98,23 @@ def augment(x: np.ndarray, rng: np.random.Generator, options: AugmentOptions = A
 
 def generate(sentences: Iterable[tuple[str, str]], out: Path, seed: int = 0,
              options: AugmentOptions | None = AugmentOptions(),
-             progress: Callable[[], None] = lambda: None) -> list[Path]:
-    """(language, text) pairs as FLAC files under `out/<language>/`, each in a random voice and (unless
-    `options` is None) augmented; `out/manifest.jsonl` says how each was made."""
+             progress: Callable[[], None] = lambda: None, engines: tuple[str, ...] = (ESPEAK,),
+             skip: Callable[[str, str, str], None] = lambda language, text, reason: None) -> list[Path]:
+    """(language, text) pairs as FLAC files under `out/<language>/`, each in a random voice of `engines` and
+    (unless `options` is None) augmented; `out/manifest.jsonl` says how each was made. A sentence its voice
+    cannot speak is left out and passed to `skip` with the reason; the others go on."""
     rng = np.random.default_rng(seed)
     written = []
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "manifest.jsonl", "a", encoding="utf-8") as manifest:
         for index, (language, text) in enumerate(sentences):
-            voice = random_voice(language, rng)
-            audio = synthesize(text, voice)
+            voice = random_voice(language, rng, engines=engines)
+            try:
+                audio = synthesize(text, voice)
+            except SpeakError as exc:
+                skip(language, text, str(exc))
+                progress()
+                continue
             audio, applied = augment(audio, rng, options) if options is not None else (audio, {})
             path = out / language / f"{language}-{seed}-{index:06d}.flac"
             path.parent.mkdir(exist_ok=True)
