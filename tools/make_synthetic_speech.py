@@ -1,4 +1,4 @@
-"""Synthetic speech for asr-distill: sentences in text files spoken by espeak-ng in random voices, augmented.
+"""Synthetic speech for asr-distill: sentences in text files spoken in random voices (espeak-ng, flite, festival), augmented.
 
     python tools/make_synthetic_speech.py --text en:sentences_en.txt --text de:saetze.txt --out synth/ --repeat 3
     python tools/make_synthetic_speech.py --text it:frasi.txt --engines espeak-ng,festival --out synth/
@@ -57,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.augment and (args.no_augment or args.copies < 1):
         ap.error("--augment writes augmented copies: it needs --copies >= 1 and no --no-augment")
     engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())
-    if unknown := [e for e in engines if e not in ENGINES] or (not engines and ["(none)"]):
-        ap.error(f"--engines: {', '.join(unknown)} unknown; choose from {', '.join(ENGINES)}")
+    if not engines or (unknown := [e for e in engines if e not in ENGINES]):
+        ap.error(f"--engines: {', '.join(unknown) + ' unknown' if engines else 'none given'}; "
+                 f"choose from {', '.join(ENGINES)}")
     if args.text and (missing := [e for e in engines if not engine_available(e)]):
         print("error: " + "; ".join(f"{e} is not installed (apt-get install {PACKAGES[e]})" for e in missing),
               file=sys.stderr)
@@ -81,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         language, text, reason = skipped[0]
         print(f"skipped {len(skipped)} sentence(s) their voice could not speak; the first ({language}): "
               f"{text[:60]!r}: {reason}", file=sys.stderr)
+    if todo and len(skipped) == len(todo):
+        print("error: no voice could speak any sentence: no clips written", file=sys.stderr)
+        return 2
     print(f"wrote {len(written)} clips to {args.out}")
     return 0
 

@@ -37,19 +37,21 @@ class TeacherForced:
 class TimeSplit:
     """Where a mode's decodes spent their time, summed over the clips (from each decode's own stats)."""
     encoder_s: float
-    draft_s: float
-    target_s: float   # target steps and verification
+    setup_s: float    # one-time work: step-cost timing, graph captures
+    draft_s: float    # draft and target steps as the loop times them: on a GPU, their launches only
+    target_s: float   # (the device's time is waited for when a step's results are read)
     total_s: float
 
     @classmethod
     def of(cls, results: Sequence) -> TimeSplit:
         stats = DecodingStats.total([r.stats for r in results])
-        return cls(stats.encoder_s, stats.draft_s, stats.target_s + stats.verify_s, stats.total_s)
+        return cls(stats.encoder_s, stats.setup_s, stats.draft_s, stats.target_s + stats.verify_s, stats.total_s)
 
     @property
     def loop_s(self) -> float:
-        """The token loop: the only part a draft can shorten."""
-        return self.draft_s + self.target_s
+        """The token loop (language detection included), the only part a draft can shorten: each decode's
+        synchronised total less its encoder and one-time work, so it holds the device's time on a GPU too."""
+        return max(self.total_s - self.setup_s - self.encoder_s, 0.0)
 
 
 @dataclass

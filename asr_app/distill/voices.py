@@ -39,6 +39,11 @@ VOICES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 # festival's Italian voices read ISO-8859-1 text (UTF-8 accents stop their letter-to-sound rules); others UTF-8.
 FESTIVAL_ENCODING = {"pc_diphone": "latin-1", "lp_diphone": "latin-1"}
+# Typographic marks ISO-8859-1 lacks, as the ASCII a voice reads them as (else it would be given "?").
+PLAIN_MARKS = str.maketrans({"’": "'", "‘": "'", "“": '"', "”": '"', "„": '"', "–": "-", "—": "-", "…": "...",
+                             "€": " euro "})
+# festival voices with no rate control (clunits, HTS): they speak at their own rate whatever the stretch.
+OWN_RATE = frozenset({"msu_ru_nsh_clunits", "cmu_us_slt_arctic_hts"})
 # espeak-ng's voice variants that sound like people (its robots, whispers and croaks left out).
 VARIANTS: tuple[str, ...] = (
     "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8", "f1", "f2", "f3", "f4", "f5", "klatt", "klatt2", "klatt3",
@@ -61,7 +66,7 @@ class Voice:
     language: str     # Whisper's code
     voice: str        # the engine's voice name
     variant: str      # espeak-ng's variant; "" for the other engines
-    wpm: int          # words per minute
+    wpm: int          # words per minute; 0: the voice's own rate (festival's voices in OWN_RATE)
     pitch: int        # 0-99 (espeak-ng; flite: the voice's mean pitch moved by (pitch - 50) / 2 Hz; festival: unused)
     engine: str = ESPEAK
 
@@ -101,7 +106,7 @@ def random_voice(language: str, rng: np.random.Generator, wpm: tuple[int, int] =
     engine, name = options[int(rng.choice(len(options)))]
     variant = str(rng.choice(VARIANTS))
     speed, height = int(rng.integers(wpm[0], wpm[1] + 1)), int(rng.integers(pitch[0], pitch[1] + 1))
-    return Voice(language, name, variant if engine == ESPEAK else "", speed, height, engine)
+    return Voice(language, name, variant if engine == ESPEAK else "", 0 if name in OWN_RATE else speed, height, engine)
 
 
 def _espeak(text: str, voice: Voice, wav: Path) -> list[str]:
@@ -125,10 +130,16 @@ def _flite_pitch(voice: Voice) -> float:
 
 def _festival(text: str, voice: Voice, wav: Path) -> list[str]:
     text_file = wav.with_suffix(".txt")
-    text_file.write_text(text, encoding=FESTIVAL_ENCODING.get(voice.voice, "utf-8"), errors="replace")
-    stretch = NATURAL_WPM / voice.wpm
-    return ["text2wave", "-eval", f"(voice_{voice.voice})", "-eval", f"(Parameter.set 'Duration_Stretch {stretch:.3f})",
-            "-o", str(wav), str(text_file)]
+    encoding = FESTIVAL_ENCODING.get(voice.voice, "utf-8")
+    try:
+        text_file.write_bytes(text.translate(PLAIN_MARKS).encode(encoding))
+    except UnicodeEncodeError as exc:
+        raise SpeakError(f"festival voice {voice.voice} reads {encoding}, which cannot hold "
+                         f"{exc.object[exc.start:exc.end]!r}") from exc
+    command = ["text2wave", "-eval", f"(voice_{voice.voice})", "-o", str(wav), str(text_file)]
+    if voice.wpm:
+        command[3:3] = ["-eval", f"(Parameter.set 'Duration_Stretch {NATURAL_WPM / voice.wpm:.3f})"]
+    return command
 
 
 COMMANDS = {ESPEAK: _espeak, FLITE: _flite, FESTIVAL: _festival}
