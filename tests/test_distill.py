@@ -230,6 +230,22 @@ def test_a_tokenizer_without_a_shipped_ranking_gets_one_from_the_labels(workspac
     assert exact.tokens == off.tokens
 
 
+def test_a_baseline_draft_is_scored_through_its_own_head(workspace):
+    """A draft measured beside the new one keeps its own reduced head: row r of its head weight is the token
+    its map sends to r. (Its rows scored through the new draft's map made its agreement wrong where the two
+    rankings differ, as a multilingual target's label rankings do.)"""
+    from asr_app.distill.pipeline import head_of
+
+    pair = load_pair(target=str(workspace / "target"), draft="derived", device="cpu")
+    embed = pair.draft.model.decoder.embed_tokens.weight
+    for ids in (torch.tensor([5, 3, 900, 50256]), torch.tensor([900, 7, 50256, 5]), None):
+        head = head_of(pair, pair.draft, ids)
+        chosen = torch.arange(embed.shape[0]) if ids is None else ids
+        rows = head.to_head[chosen]
+        assert torch.equal(head.weight[rows], embed[chosen])   # each id scored by its own row
+        assert (head.to_head >= 0).sum() == chosen.numel()
+
+
 class Killed(Exception):
     """Stands for the process dying: nothing of the run's exit path runs."""
 

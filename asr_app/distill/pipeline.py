@@ -203,10 +203,16 @@ class _Head:
 def _head(pair: ModelPair, student, size: int | None, ranking: tuple[int, ...] | None) -> _Head:
     tokenizer, gc = pair.processor.tokenizer, pair.target.generation_config
     vocab = pair.target.config.vocab_size
-    ids = draft_vocabulary(tokenizer, vocab, eos_token(gc), size, ranking) if size else None
+    return head_of(pair, student, draft_vocabulary(tokenizer, vocab, eos_token(gc), size, ranking) if size else None)
+
+
+def head_of(pair: ModelPair, draft, ids: torch.Tensor | None) -> _Head:
+    """The head scoring `ids` (None: every id) with `draft`'s output rows, and the map from the target's ids to
+    its rows: a draft measured beside another is scored through its own ids, not the other's."""
+    gc, vocab = pair.target.generation_config, pair.target.config.vocab_size
     suppress = list(getattr(gc, "suppress_tokens", None) or [])
     mask = TokenSpace(vocab, ids).mask(suppress, pair.device) if suppress else None
-    return _Head(ids, head_weight(student, ids), head_index(vocab, ids), mask)
+    return _Head(ids, head_weight(draft, ids), head_index(vocab, ids), mask)
 
 
 def _identity(options: DistillOptions, data: _Data, fingerprint: str | None) -> dict:
@@ -317,7 +323,8 @@ def _train_and_write(run: _Run) -> DistillResult:
         evaluation = {"initial": asdict(initial), **_evaluate(run, exported, measure(student, run.held_examples))}
         if run.baseline is not None:
             baseline = copy.deepcopy(run.baseline).float()
-            measured = measure(baseline, run.held_examples, head=head_weight(baseline, _own_head_ids(pair, baseline)))
+            own = head_of(pair, baseline, _own_head_ids(pair, baseline))
+            measured = measure(baseline, run.held_examples, head=own.weight, to_head=own.to_head, suppress=own.suppress)
             evaluation["baseline"] = {"draft": options.evaluation.baseline_draft,
                                       **_evaluate(run, run.baseline, measured)}
     card = _card(run, result, evaluation)
