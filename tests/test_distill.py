@@ -364,18 +364,23 @@ def test_per_language_figures_group_by_folder_and_say_what_the_target_heard():
     from asr_app.distill.card import _decoder_lines
     from asr_app.distill.evaluate import _by_language
 
-    def stats(out, calls, drafted, accepted):
-        return DecodingStats("exact", True, tokens_out=out, target_calls=calls, drafted=drafted, accepted=accepted)
+    def stats(out, calls, drafted, accepted, seconds=0.0):
+        return DecodingStats("exact", True, tokens_out=out, target_calls=calls, drafted=drafted, accepted=accepted,
+                             total_s=seconds)
 
-    offs = [SimpleNamespace(language=lang) for lang in ("de", "cy", "en", "en")]
-    exacts = [SimpleNamespace(stats=s) for s in (stats(10, 4, 8, 6), stats(10, 6, 8, 4), stats(9, 3, 8, 6),
+    offs = [SimpleNamespace(language=lang, stats=stats(0, 0, 0, 0, s)) for lang, s in (("de", 2.0), ("cy", 1.0),
+                                                                                         ("en", 0.0), ("en", 0.0))]
+    exacts = [SimpleNamespace(stats=s) for s in (stats(10, 4, 8, 6, 1.0), stats(10, 6, 8, 4, 1.5), stats(9, 3, 8, 6),
                                                  stats(6, 2, 4, 4))]
     rows = _by_language(offs, exacts, ["de", "de", None, "en"])
     assert rows["de"]["clips"] == 2 and rows["de"]["detected_as"] == {"de": 1, "cy": 1}
     assert rows["de"]["tokens_per_call"] == 2.0 and rows["de"]["acceptance"] == 10 / 16
-    assert rows["en"] == {"clips": 2, "acceptance": 10 / 12, "tokens_per_call": 3.0}   # heard as given: no note
+    assert rows["de"]["speedup"] == 3.0 / 2.5   # off's 2 + 1 s against exact's 1 + 1.5 s
+    assert rows["en"] == {"clips": 2, "acceptance": 10 / 12, "tokens_per_call": 3.0, "speedup": None}  # not timed
     lines = _decoder_lines({"identical": 4, "clips": 4, "by_language": rows}, "this draft")
-    assert "- de: 2 clips, acceptance 62.5%, 2.00 tokens per target call (detected as cy 1, de 1)" in lines
+    assert ("- de: 2 clips, acceptance 62.5%, 2.00 tokens per target call, `exact` 1.20x `off` "
+            "(detected as cy 1, de 1)") in lines
+    assert "- en: 2 clips, acceptance 83.3%, 3.00 tokens per target call" in lines
 
 
 def test_the_card_bounds_the_speed_up_by_the_time_outside_the_token_loop():

@@ -35,8 +35,9 @@ def _decoder_lines(decoder: dict, name: str) -> list[str]:
     for language, row in decoder.get("by_language", {}).items():
         heard = row.get("detected_as")
         heard_as = f" (detected as {', '.join(f'{k} {n}' for k, n in sorted(heard.items()))})" if heard else ""
+        speed = f", `exact` {row['speedup']:.2f}x `off`" if row.get("speedup") else ""
         lines.append(f"- {language}: {row['clips']} clips, acceptance {_pct(row['acceptance'])}, "
-                     f"{row['tokens_per_call']:.2f} tokens per target call{heard_as}")
+                     f"{row['tokens_per_call']:.2f} tokens per target call{speed}{heard_as}")
     return lines
 
 

@@ -165,16 +165,19 @@ def decoder_figures(decoder: InDecoder) -> dict:
 
 def _by_language(off, exact, languages: Sequence[str | None]) -> dict[str, dict]:
     """Per language (the one given for a clip, else the detected one): clips, the cost-aware exact run's
-    acceptance and tokens per target call, and the languages the target detected where they differ."""
+    acceptance and tokens per target call, `exact`'s speed-up over `off` (their decodes' own seconds, where
+    timed), and the languages the target detected where they differ."""
     groups: dict[str, list] = {}
     for a, b, given in zip(off, exact, languages):
-        groups.setdefault(given or a.language or "?", []).append((a.language or "?", b.stats))
+        groups.setdefault(given or a.language or "?", []).append((a.language or "?", a.stats, b.stats))
     out = {}
     for language, rows in sorted(groups.items()):
-        total = DecodingStats.total([stats for _, stats in rows])
+        total = DecodingStats.total([stats for _, _, stats in rows])
+        off_s = sum(stats.total_s for _, stats, _ in rows)
         out[language] = {"clips": len(rows), "acceptance": total.acceptance_rate,
-                         "tokens_per_call": total.tokens_out / max(total.target_calls, 1)}
-        detected = collections.Counter(found for found, _ in rows)
+                         "tokens_per_call": total.tokens_out / max(total.target_calls, 1),
+                         "speedup": off_s / total.total_s if off_s and total.total_s else None}
+        detected = collections.Counter(found for found, _, _ in rows)
         if set(detected) != {language}:
             out[language]["detected_as"] = dict(detected)
     return out
