@@ -28,6 +28,7 @@ from asr_app.distill.export import embed_sha256
 from asr_app.distill.loss import kl_top_k
 from asr_app.distill.options import RUNTIME_DRAFT_VOCAB
 from asr_app.distill.pipeline import Reporter, distill
+from asr_app.distill.voices import voice_installed
 from asr_app.models import derive_draft, load_pair
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -458,7 +459,7 @@ def test_synthetic_speech_in_several_languages(tmp_path):
     assert {m["language"] for m in manifest} == {"en", "de", "ru"} and all("wpm" in m for m in manifest)
 
 
-@pytest.mark.skipif(not shutil.which("text2wave") or not Path("/usr/share/festival/voices/italian/pc_diphone").is_dir(),
+@pytest.mark.skipif(not voice_installed("festival", "pc_diphone"),
                     reason="festival's Italian voice is not installed (apt-get install festival festvox-itapc16k)")
 def test_a_sentence_a_voice_cannot_speak_is_skipped_and_the_rest_go_on(tmp_path):
     """festival's Italian voices give no audio for "45%": that sentence is reported, the others are written."""
@@ -489,8 +490,7 @@ def test_festival_gets_text_in_the_encoding_its_voice_reads(tmp_path, monkeypatc
     russian = voices.Voice("ru", "msu_ru_nsh_clunits", "", 0, 50, voices.FESTIVAL)
     command = voices._festival("Доброе утро", russian, wav)
     assert wav.with_suffix(".txt").read_text(encoding="utf-8") == "Доброе утро" and not any("Stretch" in c for c in command)
-    monkeypatch.setattr(voices, "engine_available", lambda engine: True)   # the draw, wherever festival is missing
-    monkeypatch.setattr(voices, "_voice_installed", lambda engine, name: True)
+    monkeypatch.setattr(voices, "voice_installed", lambda engine, name: True)   # the draw, wherever festival is missing
     assert voices.random_voice("ru", np.random.default_rng(0), engines=(voices.FESTIVAL,)).wpm == 0
     assert voices.random_voice("it", np.random.default_rng(0), engines=(voices.FESTIVAL,)).wpm > 0
 

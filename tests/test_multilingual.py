@@ -5,8 +5,6 @@ command line and the streaming pipeline."""
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +12,7 @@ from conftest import AUDIO_DIR
 
 from asr_app.audio import load_audio
 from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+from asr_app.distill.voices import voice_installed
 from asr_app.models import load_pair
 from asr_app.models.offline import base_dir
 
@@ -74,14 +73,7 @@ OTHER_VOICES = (("it", "festival", "pc_diphone", "Buongiorno, la città è molto
                 ("en", "flite", "slt", "Good morning, the weather is fine today.", {"morning", "weather"}))
 
 
-def _installed(engine: str, name: str) -> bool:
-    from asr_app.distill.voices import FESTIVAL, PROGRAMS
-
-    voices = Path("/usr/share/festival/voices")
-    return bool(shutil.which(PROGRAMS[engine])) and (engine != FESTIVAL or any(voices.glob(f"*/{name}")))
-
-
-@pytest.mark.skipif(not all(_installed(engine, name) for _, engine, name, _, _ in OTHER_VOICES),
+@pytest.mark.skipif(not all(voice_installed(engine, name) for _, engine, name, _, _ in OTHER_VOICES),
                     reason="flite, festival or a festival voice is not installed (.ci/run names the packages)")
 @pytest.mark.parametrize("language,engine,name,text,expected", OTHER_VOICES, ids=[v[2] for v in OTHER_VOICES])
 def test_festival_and_flite_voices_say_their_text(decoder, language, engine, name, text, expected):

@@ -29,7 +29,7 @@ def _decoder_lines(decoder: dict, name: str) -> list[str]:
     if decoder.get("ceiling"):
         off = decoder["off_split"]
         lines.append(f"{name}: the token loop alone {_num(decoder.get('loop_speedup'))}x; it was "
-                     f"{_pct((off['total_s'] - off['setup_s'] - off['encoder_s']) / decoder['off_s'])} of `off`'s time (the encoder "
+                     f"{_pct(decoder['off_loop_s'] / decoder['off_s'])} of `off`'s time (the encoder "
                      f"{_pct(off['encoder_s'] / decoder['off_s'])}), so no draft could make `exact` more than "
                      f"{decoder['ceiling']:.2f}x `off` on these clips.")
     for language, row in decoder.get("by_language", {}).items():

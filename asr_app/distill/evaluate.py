@@ -160,7 +160,7 @@ def in_decoder(pair: ModelPair, draft, clips: Sequence[np.ndarray], names: Seque
 def decoder_figures(decoder: InDecoder) -> dict:
     """The card's record of `decoder`: its fields and the ratios derived from them."""
     return {**dataclasses.asdict(decoder), "speedup": decoder.speedup, "loop_speedup": decoder.loop_speedup,
-            "ceiling": decoder.ceiling}
+            "ceiling": decoder.ceiling, "off_loop_s": decoder.off_split.loop_s if decoder.off_split else None}
 
 
 def _by_language(off, exact, languages: Sequence[str | None]) -> dict[str, dict]:

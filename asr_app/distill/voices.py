@@ -75,11 +75,10 @@ def engine_available(engine: str) -> bool:
     return shutil.which(PROGRAMS[engine]) is not None
 
 
-def espeak_available() -> bool:
-    return engine_available(ESPEAK)
-
-
-def _voice_installed(engine: str, voice: str) -> bool:
+def voice_installed(engine: str, voice: str) -> bool:
+    """Whether `engine` and its `voice` are installed here."""
+    if not engine_available(engine):
+        return False
     if engine != FESTIVAL:
         return True  # espeak-ng's and flite's voices come with the program
     return any(path.is_dir() for path in FESTIVAL_VOICES_DIR.glob(f"*/{voice}"))
@@ -89,8 +88,8 @@ def voices_for(language: str, engines: tuple[str, ...] = (ESPEAK,)) -> list[tupl
     """(engine, voice) pairs that speak `language` among `engines`, installed here."""
     if language not in VOICES:
         raise ValueError(f"no voice listed for language '{language}'; known: {', '.join(VOICES)}")
-    found = [(engine, voice) for engine in engines if engine_available(engine)
-             for voice in VOICES[language].get(engine, ()) if _voice_installed(engine, voice)]
+    found = [(engine, voice) for engine in engines for voice in VOICES[language].get(engine, ())
+             if voice_installed(engine, voice)]
     if not found:
         listed = [e for e in engines if VOICES[language].get(e)]
         hint = "; ".join(f"{e}: apt-get install {PACKAGES[e]}" for e in listed) or f"none of {', '.join(engines)} speaks it"
