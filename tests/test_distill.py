@@ -512,7 +512,8 @@ def test_every_command_line_option_reaches_the_options():
               "checkpoint_minutes": ["--checkpoint-minutes", "1"], "checkpoint_steps": ["--checkpoint-steps", "10"],
               "gammas": ["--gammas", "2,4"], "eval_max_clips": ["--eval-max-clips", "3"],
               "eval_timestamps": ["--eval-timestamps"], "eval_task": ["--eval-task", "translate"],
-              "no_speed": ["--no-speed"], "baseline_draft": ["--baseline-draft", "bundled"]}
+              "no_speed": ["--no-speed"], "baseline_draft": ["--baseline-draft", "bundled"],
+              "eval_language": ["--eval-language", "given"]}
     dests = {a.dest for a in parser._actions if a.dest != "help"}
     assert dests - set(probes) == {"threads", "quiet"}
     default = cli.options_from_args(parser.parse_args(base))

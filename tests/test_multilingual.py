@@ -178,3 +178,23 @@ def test_the_base_preset_decodes_speculatively_with_its_shipped_draft(base_pair,
         drafted, accepted = (sum(getattr(r.stats, k) for r in exact) for k in ("drafted", "accepted"))
         assert drafted > 0 and accepted > least_acceptance * drafted, (task, accepted, drafted)
         assert sum(r.stats.target_calls for r in exact) < sum(r.stats.target_calls for r in off), task
+
+
+def test_held_out_clips_decode_in_their_folders_language_when_asked(base_pair):
+    """asr-distill --eval-language given: each held-out clip decodes in the language its folder names (Spanish
+    speech under fr/ in French), exact still identical to off; by default the target detects it (es). The
+    per-language figures group by folder either way."""
+    from asr_app.distill.evaluate import in_decoder
+    from asr_app.distill.options import EvalOptions
+    from asr_app.distill.pipeline import load_baseline
+
+    draft = load_baseline("bundled", base_pair)
+    clips = [load_audio(ESPEAK / f"{lang}.flac") for lang in ("es", "de")]
+    decoded = {}
+    for how in ("detect", "given"):
+        found = in_decoder(base_pair, draft, clips, ["es", "de"], EvalOptions(gammas=(2,), speed=False, language=how),
+                           max_new_tokens=30, languages=["fr", None])
+        assert found.identical == 2 and not found.mismatched, how
+        decoded[how] = {k: v.get("detected_as", {k: 1}) for k, v in found.by_language.items()}
+    assert decoded["detect"] == {"fr": {"es": 1}, "de": {"de": 1}}
+    assert decoded["given"] == {"fr": {"fr": 1}, "de": {"de": 1}}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from asr_app.distill.errors import DistillError, Interrupted
 from asr_app.distill.options import (
+    EVAL_LANGUAGES,
     FOLDER_LANGUAGE,
     TIMESTAMP_SETTINGS,
     DistillOptions,
@@ -87,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-timestamps", action="store_true", help="decode the held-out clips with timestamps")
     g.add_argument("--eval-task", choices=("transcribe", "translate"), default="transcribe",
                    help="decode the held-out clips with this task (translate: a multilingual target)")
+    g.add_argument("--eval-language", choices=EVAL_LANGUAGES, default=EvalOptions().language,
+                   help="decode the held-out clips in the language the target detects, or in their folder's "
+                        "language where it names one (given: as a user's --language decodes)")
     g.add_argument("--no-speed", action="store_true", help="do not report the exact/off timing")
     g.add_argument("--baseline-draft", default=None, metavar="DRAFT",
                    help="also measure this draft on the held-out clips: bundled (the draft shipped for the target) or a folder")
@@ -108,7 +112,7 @@ def options_from_args(args: argparse.Namespace) -> DistillOptions:
                          checkpoint_steps=args.checkpoint_steps)
     evaluation = EvalOptions(gammas=args.gammas, timestamps=args.eval_timestamps, task=args.eval_task,
                              speed=not args.no_speed, max_clips=args.eval_max_clips,
-                             baseline_draft=args.baseline_draft)
+                             baseline_draft=args.baseline_draft, language=args.eval_language)
     return DistillOptions(target=args.target, audio=tuple(args.audio), out=args.out, eval_audio=tuple(args.eval_audio),
                           holdout=args.holdout, cache=args.cache, device=args.device,
                           dtype=None if args.dtype == "auto" else args.dtype, resume=args.resume, teacher=teacher,

@@ -108,53 +108,63 @@ def teacher_forced(student, examples: Sequence[LabelInfo], load: Callable, head:
     return TeacherForced(positions, agreed / n, kl / n, ce / n)
 
 
-def _decode_all(decoder: SpeculativeDecoder, clips: Sequence[np.ndarray], options: DecodingOptions) -> list:
-    """Each clip alone (batch 1, as a user's file is decoded)."""
-    return [decoder.decode(clip, options)[0] for clip in clips]
+def _decode_all(decoder: SpeculativeDecoder, clips: Sequence[np.ndarray], options: Sequence[DecodingOptions]) -> list:
+    """Each clip alone (batch 1, as a user's file is decoded), with its own options."""
+    return [decoder.decode(clip, o)[0] for clip, o in zip(clips, options)]
 
 
-def _timed_pairs(decoder: SpeculativeDecoder, clips: Sequence[np.ndarray], first: DecodingOptions,
-                 second: DecodingOptions) -> tuple[list, list, float, float]:
-    """Both option sets clip by clip, alternating, so that a machine whose load changes during the run
-    slows both alike; (first's results, second's, first's seconds, second's)."""
+def _timed_pairs(decoder: SpeculativeDecoder, clips: Sequence[np.ndarray], first: Sequence[DecodingOptions],
+                 second: Sequence[DecodingOptions]) -> tuple[list, list, float, float]:
+    """Both option sets (one per clip) clip by clip, alternating, so that a machine whose load changes during
+    the run slows both alike; (first's results, second's, first's seconds, second's)."""
     results: tuple[list, list] = ([], [])
     seconds = [0.0, 0.0]
-    for clip in clips:
-        for i, options in enumerate((first, second)):
+    for clip, *pair in zip(clips, first, second):
+        for i, options in enumerate(pair):
             began = time.perf_counter()
             results[i].append(decoder.decode(clip, options)[0])
             seconds[i] += time.perf_counter() - began
     return results[0], results[1], seconds[0], seconds[1]
 
 
+def _clip_options(base: DecodingOptions, languages: Sequence[str | None], given: bool) -> list[DecodingOptions]:
+    """`base` per clip: in the clip's own language where `given` and known (a user's `--language xx`), else
+    as `base` says (detected, on a multilingual target)."""
+    return [dataclasses.replace(base, language=language) if given and language else base for language in languages]
+
+
 def in_decoder(pair: ModelPair, draft, clips: Sequence[np.ndarray], names: Sequence[str], options: EvalOptions,
                max_new_tokens: int = 224, runtime: RuntimeOptions = RuntimeOptions(),
                languages: Sequence[str | None] | None = None) -> InDecoder:
     """The draft in the project's decoder beside `pair.target` (its encoder shared), greedy, with the
-    teacher pass's token limit. The clips decode in the language the target detects, as a user's do; the
-    per-language figures group them by `languages` (their folders' languages) where given."""
+    teacher pass's token limit. The clips decode in the language the target detects, as a user's do, or
+    with `options.language` "given" in `languages` (their folders' languages) where known; the per-language
+    figures group them by `languages` where given."""
     check_pair(pair.target, draft, pair.target_name, "the distilled draft")
     with_draft = ModelPair(pair.target, draft, pair.processor, pair.device, pair.dtype, True, pair.target_name,
                            "distilled draft")
     decoder = SpeculativeDecoder(with_draft, DecodingOptions(mode="off"), runtime)
     multilingual = bool(getattr(pair.target.generation_config, "is_multilingual", False))
-    base = DecodingOptions(mode="off", language=None if multilingual else "en", timestamps=options.timestamps,
-                           task=options.task, max_new_tokens=max_new_tokens)
-    exact = dataclasses.replace(base, mode="exact")
-    decoder.decode(clips[0], base), decoder.decode(clips[0], exact)  # warm-up: first-use costs are not timed
+    languages = list(languages or [None] * len(clips))
+    base = _clip_options(DecodingOptions(mode="off", language=None if multilingual else "en",
+                                         timestamps=options.timestamps, task=options.task,
+                                         max_new_tokens=max_new_tokens),
+                         languages, multilingual and options.language == "given")
+    exact = [dataclasses.replace(o, mode="exact") for o in base]
+    decoder.decode(clips[0], base[0]), decoder.decode(clips[0], exact[0])  # warm-up: first-use costs are not timed
     off, auto, off_s, exact_s = _timed_pairs(decoder, clips, base, exact)
     splits = (TimeSplit.of(off), TimeSplit.of(auto)) if options.speed else (None, None)
     mismatched = [name for name, a, b in zip(names, off, auto) if a.tokens != b.tokens]
     tokens, acceptance = {}, {}
     for gamma in options.gammas:
-        results = _decode_all(decoder, clips, dataclasses.replace(exact, gamma=gamma))
+        results = _decode_all(decoder, clips, [dataclasses.replace(o, gamma=gamma) for o in exact])
         stats = DecodingStats.total([r.stats for r in results])
         tokens[gamma] = stats.tokens_out / max(stats.target_calls, 1)
         acceptance[gamma] = stats.acceptance_rate
         mismatched += [f"{name} (gamma {gamma})" for name, a, b in zip(names, off, results) if a.tokens != b.tokens]
     return InDecoder(len(clips), tokens, acceptance, len(clips) - len({m.split(" (")[0] for m in mismatched}),
                      mismatched, off_s if options.speed else None, exact_s if options.speed else None,
-                     _by_language(off, auto, languages or [None] * len(clips)), *splits)
+                     _by_language(off, auto, languages), *splits)
 
 
 def decoder_figures(decoder: InDecoder) -> dict:

@@ -121,6 +121,9 @@ class TrainOptions:
         return key
 
 
+EVAL_LANGUAGES = ("detect", "given")
+
+
 @dataclass(frozen=True)
 class EvalOptions:
     gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6)   # fixed drafts per step measured on held-out audio
@@ -129,8 +132,11 @@ class EvalOptions:
     speed: bool = True                 # also time exact against off end to end (the cost-aware gamma)
     max_clips: int | None = None       # at most this many held-out clips (None: all)
     baseline_draft: str | None = None  # another draft measured beside the new one ("bundled" or a folder)
+    language: str = "detect"           # or "given": each clip in its folder's language, as `--language xx` decodes
 
     def __post_init__(self) -> None:
+        if self.language not in EVAL_LANGUAGES:
+            raise ValueError(f"the evaluation language must be one of {', '.join(EVAL_LANGUAGES)}, got {self.language!r}")
         if any(g < 1 for g in self.gammas):
             raise ValueError(f"gammas must be >= 1, got {self.gammas}")
         if self.task not in ("transcribe", "translate"):

@@ -365,7 +365,7 @@ def _evaluate(run: _Run, draft, teacher_forced_figures) -> dict:
     decoder = in_decoder(run.pair, draft, audio, names, options.evaluation, options.teacher.max_new_tokens,
                          languages=[c.folder_language for c in clips])
     return {"clips": len(held), "hours": sum(c.seconds for c in held) / 3600, "final": asdict(teacher_forced_figures),
-            "decoder": decoder_figures(decoder)}
+            "language": options.evaluation.language, "decoder": decoder_figures(decoder)}
 
 
 def load_baseline(spec: str, pair: ModelPair) -> WhisperForCausalLM:
