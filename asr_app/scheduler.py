@@ -14,7 +14,9 @@ How the worker picks a batch (docs/serving.md):
   whether they carry a hint; the rest wait for a later batch;
 - size: the number of rows whose measured time per row is lowest on this device (`BatchSizer`); a size is
   tried only while the sizes below it kept paying, so a batch is never kept larger than its measured
-  break-even. On a 2-core CPU this settles on small batches (the encoder over a 30 s window dominates);
+  break-even. Each kind of work has its own sizer (`cost_class`: live or file, mode, encoder context,
+  hints): a live re-decode costs a fraction of a file's window, and one sizer for both would compare a
+  size measured on the one with a size measured on the other. On a 2-core CPU this settles on small batches (the encoder over a 30 s window dominates);
   on a GPU, where a one-row step leaves the device idle, on large ones.
 """
 
@@ -160,7 +162,7 @@ class SchedulerMetrics:
     drafted: int = 0
     accepted: int = 0
     latencies: dict[str, list[float]] = field(default_factory=dict)  # priority name -> recent seconds
-    sizer: dict[int, float] = field(default_factory=dict)
+    sizer: dict[str, dict[int, float]] = field(default_factory=dict)   # cost class -> batch size -> s per row
     resent: int = 0      # rows sent again after the decoder replica holding them was lost (--engine ray)
     trims: int = 0       # times freed memory was given back to the system after an idle spell
 
@@ -190,7 +192,8 @@ class Scheduler:
         self.decoder = decoder
         self.options = options
         cuda = getattr(getattr(decoder.pair, "device", None), "type", "cpu") == "cuda"
-        self.sizer = BatchSizer(options.max_rows or (32 if cuda else 8), options.sizer_memory)
+        self._max_rows = options.max_rows or (32 if cuda else 8)
+        self._sizers: dict[str, BatchSizer] = {}   # cost class -> its sizer
         self._queue: list[_Request] = []
         self._cond = threading.Condition()
         self._order = itertools.count()
@@ -263,7 +266,14 @@ class Scheduler:
                 queue_depth=len(self._queue), batches=m.batches, rows=m.rows,
                 rows_per_batch=dict(m.rows_per_batch), failed=m.failed, busy_s=m.busy_s, audio_s=m.audio_s,
                 drafted=m.drafted, accepted=m.accepted, trims=m.trims,
-                latencies=self._latencies.snapshot(), sizer=self.sizer.snapshot())
+                latencies=self._latencies.snapshot(),
+                sizer={kind: sizer.snapshot() for kind, sizer in sorted(self._sizers.items())})
+
+    def sizer(self, kind: str) -> BatchSizer:
+        """The batch sizer of one cost class (`cost_class`), made on first use."""
+        if kind not in self._sizers:
+            self._sizers[kind] = BatchSizer(self._max_rows, self.options.sizer_memory)
+        return self._sizers[kind]
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Refuse new requests, fail the waiting ones, let the running batch finish."""
@@ -323,7 +333,7 @@ class Scheduler:
                 continue   # one row per session per batch: the others get theirs first
             compatible.append(request)
             sessions.add(request.session)
-        batch = compatible[: self.sizer.choose(len(compatible))]
+        batch = compatible[: self.sizer(cost_class(head)).choose(len(compatible))]
         for request in batch:
             self._queue.remove(request)
             self._served[request.session] = self._round
@@ -340,10 +350,10 @@ class Scheduler:
         started = time.perf_counter()
         outcomes, together = self._outcomes(batch)
         elapsed = time.perf_counter() - started
-        if together:   # a batch redone row by row after a failure says nothing of what a batch costs
-            self.sizer.record(len(batch), max(0.0, elapsed - _one_time_s(outcomes)))
         now = time.monotonic()
-        with self._cond:
+        with self._cond:   # metrics() copies the sizers' costs under this lock
+            if together:   # a batch redone row by row after a failure says nothing of what a batch costs
+                self.sizer(cost_class(batch[0])).record(len(batch), max(0.0, elapsed - _one_time_s(outcomes)))
             self._metrics.count_batch([r.clip for r in batch], outcomes, elapsed)
             for request in batch:
                 self._latencies.record(request.priority, now - request.submitted)
@@ -371,6 +381,19 @@ class Scheduler:
             except Exception as exc:  # noqa: BLE001
                 outcomes.append(exc)
         return outcomes, False
+
+
+def cost_class(request: _Request) -> str:
+    """What a row's cost depends on beyond its audio, as the batch sizers tell work apart: live or file
+    (a re-decode of a few seconds against a whole window), the mode (drafts or none), an encoder over the
+    buffer's own frames (`encoder_context_s`), and hints (a re-decode that re-proposes its last words)."""
+    options = request.options
+    parts = [PRIORITY_NAMES.get(request.priority, str(request.priority)), options.mode]
+    if options.encoder_context_s is not None:
+        parts.append("context")
+    if request.hint is not None:
+        parts.append("hint")
+    return " ".join(parts)
 
 
 def _one_time_s(outcomes: list[DecodingResult | BaseException]) -> float:

@@ -119,8 +119,24 @@ def test_the_sizer_leaves_out_what_the_decoder_reports_as_one_time_work(decoder)
             started = time.perf_counter()
             scheduler.submit(clip, DecodingOptions(mode="exact")).result(60)
             assert time.perf_counter() - started > 1.5
-        cost = scheduler.metrics().sizer[1]
+        cost = scheduler.metrics().sizer["file exact"][1]
         assert 0 < cost < 1.5    # with the setup counted it would be over 1.5 s
+    finally:
+        scheduler.close()
+
+
+def test_each_kind_of_work_has_its_own_batch_sizer(decoder):
+    """A live re-decode over its buffer's own frames and a file's whole window cost different amounts per
+    row: each kind is measured by its own sizer, so neither's cost stands for the other's at a batch size."""
+    clip = _clip(CLIPS[0])[: 3 * 16_000]
+    scheduler = Scheduler(decoder, SchedulerOptions(max_rows=4))
+    live = DecodingOptions(mode="exact", encoder_context_s=1.0)
+    try:
+        for _ in range(3):   # each class's first batch is its warm-up; the next two are measured
+            scheduler.submit(clip, live, priority=LIVE, session="s").result(60)
+            scheduler.submit(clip, DecodingOptions(mode="off"), priority=FILE).result(60)
+        costs = scheduler.metrics().sizer   # one sizer would have held one cost for both
+        assert set(costs) == {"live exact context", "file off"} and all(set(c) == {1} for c in costs.values())
     finally:
         scheduler.close()
 
