@@ -36,17 +36,34 @@ def test_sizer_on_a_device_where_batching_is_slower_keeps_one_row():
     sizer.record(1, 0.2)
     sizer.record(2, 0.5)                 # 0.25 s per row: slower than one at a time
     assert [sizer.choose(n) for n in (1, 2, 5, 16)] == [1, 1, 1, 1]
-    sizer.record(2, 0.38)                # running cost 0.276: still not 10% better than 0.2
+    sizer.record(2, 0.38)                # running cost 0.238: still dearer than 0.2
     assert sizer.choose(16) == 1
 
 
-def test_sizer_needs_a_clear_gain_for_a_larger_batch():
-    sizer = BatchSizer(max_rows=4, margin=0.1, warmup=0)
+def test_sizer_needs_a_clear_gain_for_a_larger_batch_unless_rows_are_waiting_anyway():
+    sizer = BatchSizer(max_rows=4, margin=0.1, backlog_margin=0.03, warmup=0)
     sizer.record(1, 1.0)
     sizer.record(2, 1.9)                 # 0.95 per row: only 5% cheaper, every row would wait longer
-    assert sizer.choose(4) == 1
+    assert sizer.choose(2) == 1 and sizer.choose(3) == 1
+    assert sizer.choose(4) == 2          # four waiting: the later ones are served sooner at 0.95 s a row
     with pytest.raises(ValueError):
         BatchSizer(max_rows=0)
+
+
+def test_sizer_compares_sizes_at_the_same_tokens_per_row():
+    """Each size is measured on different rows: two rows that happened to be short clips must not make
+    batching look cheap, nor two long ones make it look dear. With the loop's seconds and steps given,
+    sizes are compared at the running mean of steps per row."""
+    sizer = BatchSizer(max_rows=4, warmup=0)
+    sizer.record(1, 1.0, loop_s=0.8, steps=80)      # a long clip: 0.2 s outside the loop, 10 ms a step
+    sizer.record(2, 0.8, loop_s=0.4, steps=20)      # two short ones: 0.4 s a row, yet 20 ms a step
+    assert sizer.choose(4) == 1 and sizer.cost[2] > sizer.cost[1]   # seconds per row alone would pick 2
+    sizer = BatchSizer(max_rows=4, warmup=0)
+    sizer.record(1, 0.3, loop_s=0.1, steps=10)      # a short clip: 10 ms a step
+    sizer.record(2, 2.0, loop_s=1.6, steps=320)     # two long ones: 1.0 s a row, yet 5 ms a step
+    assert sizer.choose(2) == 2 and sizer.cost[2] < sizer.cost[1]   # seconds per row alone would keep 1
+    assert sizer.choose(4) == 4          # batching paid: the next size is measured
+    assert sizer.steps_per_row == pytest.approx(0.8 * 10 + 0.2 * 160)
 
 
 def test_sizer_does_not_judge_a_size_by_its_first_batch():
