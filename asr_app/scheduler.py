@@ -310,9 +310,10 @@ class Scheduler:
 
     def sizer(self, kind: str) -> BatchSizer:
         """The batch sizer of one cost class (`cost_class`), made on first use."""
-        if kind not in self._sizers:
-            self._sizers[kind] = BatchSizer(self._max_rows, self.options.sizer_memory)
-        return self._sizers[kind]
+        with self._cond:   # a re-entrant lock: the worker already holds it where it calls this
+            if kind not in self._sizers:
+                self._sizers[kind] = BatchSizer(self._max_rows, self.options.sizer_memory)
+            return self._sizers[kind]
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Refuse new requests, fail the waiting ones, let the running batch finish."""
@@ -438,12 +439,14 @@ def cost_class(request: _Request) -> str:
 
 def _loop_figures(outcomes: list[DecodingResult | BaseException]) -> tuple[float | None, int | None]:
     """The token loop's seconds in one decode of a batch (its rows report the same figure) and the steps its
-    rows made (each row's tokens and its end)."""
+    rows made (their tokens, the end included; a row that wrote nothing still took one step). None where
+    the rows' figures are not one decode's: a failed row, or a row redone over the whole window after its
+    shortened decode (`context_retries`), whose figures add the two decodes'."""
     results = [o for o in outcomes if isinstance(o, DecodingResult)]
-    if len(results) != len(outcomes) or not results:
+    if len(results) != len(outcomes) or not results or any(r.stats.context_retries for r in results):
         return None, None
     stats = results[0].stats
-    return max(stats.total_s - stats.setup_s - stats.encoder_s, 0.0), sum(r.stats.tokens_out + 1 for r in results)
+    return max(stats.total_s - stats.setup_s - stats.encoder_s, 0.0), sum(max(r.stats.tokens_out, 1) for r in results)
 
 
 def _one_time_s(outcomes: list[DecodingResult | BaseException]) -> float:

@@ -51,8 +51,10 @@ def _language_rows(how: str, d: dict) -> list[str]:
     for language, r in d["by_language"].items():
         heard = r.get("detected_as")
         detected = ", ".join(f"{k} {n}" for k, n in sorted(heard.items())) if heard else language
-        rows.append(f"| {how} | {language} | {r['clips']} | {100 * r['acceptance']:.1f}% | "
-                    f"{r['tokens_per_call']:.2f} | {r['speedup']:.2f}x | {detected} |")
+        acceptance = "-" if r["acceptance"] is None else f"{100 * r['acceptance']:.1f}%"
+        speedup = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+        rows.append(f"| {how} | {language} | {r['clips']} | {acceptance} | {r['tokens_per_call']:.2f} | {speedup} "
+                    f"| {detected} |")
     return rows
 
 

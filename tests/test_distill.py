@@ -112,6 +112,7 @@ def test_distillation_learns(cli_run):
     assert train["final"]["agreement"] > train["first"]["agreement"], train
     assert (out / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "teacher-forced agreement" in (out / "README.md").read_text()
+    assert ev["language"] == "en" and "decoded in English" in (out / "README.md").read_text()   # English-only
     dec = ev["decoder"]  # the timed runs' split: the loop is what a draft can shorten, the rest bounds the gain
     assert dec["off_split"]["encoder_s"] > 0 and dec["off_split"]["draft_s"] < dec["off_split"]["target_s"]
     assert dec["exact_split"]["draft_s"] > dec["off_split"]["draft_s"] and dec["ceiling"] > 1 and dec["loop_speedup"] > 0

@@ -304,3 +304,36 @@ def test_a_timeout_raised_by_the_decode_itself_is_reported_as_it_is(timeout_s):
             client.decode(np.zeros(1600, np.float32))
     finally:
         scheduler.close()
+
+
+def test_loop_figures_count_each_rows_steps_and_leave_out_redone_rows():
+    """The sizer's loop seconds and steps come from one decode of the batch: a row's steps are its tokens
+    (the end included), one for a row that wrote nothing; a failed row, or a row redone over the whole
+    window after its shortened decode (its figures add two decodes'), gives none."""
+    from asr_app.decoding.options import DecodingResult, DecodingStats
+    from asr_app.scheduler import _loop_figures
+
+    def result(tokens: int, retries: int = 0) -> DecodingResult:
+        stats = DecodingStats(mode="exact", shared_encoder=True, tokens_out=tokens, setup_s=0.1, encoder_s=0.3,
+                              total_s=1.0, context_retries=retries)
+        return DecodingResult(list(range(tokens)), "", [], 0.0, 0.0, stats)
+
+    loop_s, steps = _loop_figures([result(10), result(0)])
+    assert loop_s == pytest.approx(0.6) and steps == 11
+    assert _loop_figures([result(10), result(5, retries=1)]) == (None, None)
+    assert _loop_figures([result(10), ValueError("a bad row")]) == (None, None)
+
+
+def test_one_kinds_costs_leave_another_kinds_batch_size_alone(decoder):
+    """Batching that pays for live re-decodes says nothing about file windows: each kind's sizer
+    grows on its own measurements only."""
+    scheduler = Scheduler(decoder, SchedulerOptions(max_rows=4))
+    try:
+        live, files = scheduler.sizer("live exact hint"), scheduler.sizer("file exact")
+        for rows, seconds in ((1, 5.0), (1, 1.0), (2, 9.0), (2, 1.0)):   # first of each size: warm-up
+            live.record(rows, seconds)
+        files.record(1, 5.0), files.record(1, 1.0)
+        assert live.choose(4) == 4 and files.choose(4) == 2   # live paid at two rows; files try two first
+        assert scheduler.metrics().sizer == {"file exact": {1: 1.0}, "live exact hint": {1: 1.0, 2: 0.5}}
+    finally:
+        scheduler.close()

@@ -47,8 +47,8 @@ def _evaluation_lines(card: dict) -> list[str]:
         return ["No held-out audio was given (`--eval-audio`, or `--holdout` > 0): nothing was measured."]
     base = ev.get("baseline") or {}
     name = f"baseline `{base['draft']}`" if base else "baseline"
-    decoded = ("each in its folder's language where one is named (`--eval-language given`), else detected"
-               if ev.get("language") == "given" else "in the language the target detects")
+    decoded = {"given": "each in its folder's language where one is named (`--eval-language given`), else detected",
+               "en": "in English (an English-only target)"}.get(ev.get("language"), "in the language the target detects")
     lines = [f"Held-out audio never trained on: {ev['clips']} clips, {ev['hours'] * 60:.1f} min, decoded {decoded}.", "",
              f"| metric | untrained (target layers) | this draft | {name} |", "|---|---|---|---|"]
     before, after, other = ev.get("initial") or {}, ev.get("final") or {}, base.get("final") or {}

@@ -365,7 +365,15 @@ def _evaluate(run: _Run, draft, teacher_forced_figures) -> dict:
     decoder = in_decoder(run.pair, draft, audio, names, options.evaluation, options.teacher.max_new_tokens,
                          languages=[c.folder_language for c in clips])
     return {"clips": len(held), "hours": sum(c.seconds for c in held) / 3600, "final": asdict(teacher_forced_figures),
-            "language": options.evaluation.language, "decoder": decoder_figures(decoder)}
+            "language": _eval_language(run), "decoder": decoder_figures(decoder)}
+
+
+def _eval_language(run: _Run) -> str:
+    """How the held-out clips' language was chosen: "given" applies to a multilingual target only; an
+    English-only one decodes English either way."""
+    if not getattr(run.pair.target.generation_config, "is_multilingual", False):
+        return "en"
+    return run.options.evaluation.language
 
 
 def load_baseline(spec: str, pair: ModelPair) -> WhisperForCausalLM:
