@@ -17,7 +17,9 @@ How the worker picks a batch (docs/serving.md):
   break-even. Each kind of work has its own sizer (`cost_class`: live or file, mode, encoder context,
   hints): a live re-decode costs a fraction of a file's window, and one sizer for both would compare a
   size measured on the one with a size measured on the other. On a 2-core CPU this settles on small batches (the encoder over a 30 s window dominates);
-  on a GPU, where a one-row step leaves the device idle, on large ones.
+  on a GPU, where a one-row step leaves the device idle, on large ones;
+- gathering: while file rows are still arriving and fewer are ready than batching pays for, the worker
+  waits up to `gather_s` for more (`Scheduler._gather`).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class SchedulerOptions:
     sizer_memory: float = 0.2       # weight of a new measurement in a size's running cost
     latency_window: int = 2048      # recent request latencies kept for the metrics
     idle_trim_s: float | None = 2.0  # idle this long after work: freed memory goes back to the system (None: never)
+    gather_s: float | None = 0.05   # longest a batch of file rows waits for more that are arriving (None: never)
 
 
 @dataclass
@@ -204,6 +207,8 @@ class SchedulerMetrics:
     sizer: dict[str, dict[int, float]] = field(default_factory=dict)   # cost class -> batch size -> s per row
     resent: int = 0      # rows sent again after the decoder replica holding them was lost (--engine ray)
     trims: int = 0       # times freed memory was given back to the system after an idle spell
+    gathers: int = 0     # batches that waited for more file rows arriving (SchedulerOptions.gather_s)
+    gather_s: float = 0.0  # the time they waited, in all
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -242,6 +247,7 @@ class Scheduler:
         self._closed = False
         self._metrics = SchedulerMetrics()
         self._untrimmed = False   # work was done since memory was last given back
+        self._file_arrivals: deque[float] = deque(maxlen=2)   # when the last two file requests came
         self._latencies = RecentLatencies(options.latency_window)
         self._worker = threading.Thread(target=self._run, name="asr-scheduler", daemon=True)
         self._worker.start()
@@ -263,6 +269,8 @@ class Scheduler:
                 raise SchedulerBusy(f"the decoder has {len(self._queue)} requests waiting; try again shortly")
             self._queue.append(_Request(clip, options, prompt, hint, priority, session, future, key,
                                         order=next(self._order)))
+            if priority == FILE:
+                self._file_arrivals.append(time.monotonic())
             self._cond.notify_all()
         return future
 
@@ -304,7 +312,7 @@ class Scheduler:
             return SchedulerMetrics(
                 queue_depth=len(self._queue), batches=m.batches, rows=m.rows,
                 rows_per_batch=dict(m.rows_per_batch), failed=m.failed, busy_s=m.busy_s, audio_s=m.audio_s,
-                drafted=m.drafted, accepted=m.accepted, trims=m.trims,
+                drafted=m.drafted, accepted=m.accepted, trims=m.trims, gathers=m.gathers, gather_s=m.gather_s,
                 latencies=self._latencies.snapshot(),
                 sizer={kind: sizer.snapshot() for kind, sizer in sorted(self._sizers.items())})
 
@@ -337,6 +345,9 @@ class Scheduler:
                     elif self._closed:
                         return
                     else:
+                        self._gather()
+                        if not self._queue:   # cancelled while it waited
+                            continue
                         batch = self._take_batch()
                         self._untrimmed = True
                 if not batch:
@@ -357,8 +368,32 @@ class Scheduler:
             with self._cond:
                 self._metrics.trims += 1
 
-    def _take_batch(self) -> list[_Request]:
-        """Called under the lock: the next batch, removed from the queue (see the module doc)."""
+    def _gather(self) -> None:
+        """Called under the lock. File rows are still arriving (two came within `gather_s`, the last of them
+        within `gather_s` of now) and fewer are ready than batching has paid for on this device: wait up to
+        `gather_s` for more. The worker idles meanwhile, which leaves the CPU to the threads still reading
+        those uploads; a lone request, live rows, and a device where batching does not pay never wait."""
+        window = self.options.gather_s
+        if not window:
+            return
+        began = time.monotonic()
+        while not self._closed and self._queue:
+            compatible = self._candidates()
+            head, now = compatible[0], time.monotonic()
+            first, last = (self._file_arrivals[0], self._file_arrivals[-1]) if self._file_arrivals else (0.0, 0.0)
+            arriving = len(self._file_arrivals) == 2 and last - first <= window and now - last <= window
+            wanted = self.sizer(cost_class(head)).choose(2 * len(compatible)) > len(compatible)
+            left = began + window - now
+            if head.priority != FILE or not arriving or not wanted or left <= 0:
+                break
+            self._cond.wait(left)
+        waited = time.monotonic() - began
+        if waited > 1e-3:
+            self._metrics.gathers += 1
+            self._metrics.gather_s += waited
+
+    def _candidates(self) -> list[_Request]:
+        """Called under the lock: the requests that can join the next batch, its head first."""
         def rank(r: _Request) -> tuple:
             # Sessions served in an earlier round come first; within a round, priority then arrival.
             return (r.priority, self._served.get(r.session, -1), r.order)
@@ -373,6 +408,12 @@ class Scheduler:
                 continue   # one row per session per batch: the others get theirs first
             compatible.append(request)
             sessions.add(request.session)
+        return compatible
+
+    def _take_batch(self) -> list[_Request]:
+        """Called under the lock: the next batch, removed from the queue (see the module doc)."""
+        compatible = self._candidates()
+        head = compatible[0]
         batch = compatible[: self.sizer(cost_class(head)).choose(len(compatible))]
         for request in batch:
             self._queue.remove(request)

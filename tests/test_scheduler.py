@@ -337,3 +337,55 @@ def test_one_kinds_costs_leave_another_kinds_batch_size_alone(decoder):
         assert scheduler.metrics().sizer == {"file exact": {1: 1.0}, "live exact hint": {1: 1.0, 2: 0.5}}
     finally:
         scheduler.close()
+
+
+def _batching_pays(scheduler: Scheduler, kind: str = "file exact") -> None:
+    """Costs as a device where two rows cost less per row than one (first batches of a size: warm-up)."""
+    sizer = scheduler.sizer(kind)
+    for rows, seconds in ((1, 5.0), (1, 1.0), (2, 9.0), (2, 1.2)):
+        sizer.record(rows, seconds)
+
+
+def test_file_rows_still_arriving_are_gathered_into_one_batch(decoder):
+    """Uploads arrive apart (each is read and checked first): where batching pays, once a second one came
+    soon after the first the worker waits up to gather_s for more instead of decoding each alone as it
+    comes; the first cannot know and goes alone. The texts stay each clip's own."""
+    scheduler = Scheduler(decoder, SchedulerOptions(max_rows=4, gather_s=3.0))
+    recording = Recording(decoder)
+    scheduler.decoder = recording
+    options = DecodingOptions(mode="exact")
+    clips = [_clip(c)[: 3 * 16_000] for c in (*CLIPS, CLIPS[0], CLIPS[1])]
+    try:
+        _batching_pays(scheduler)
+        jobs = []
+        for i, clip in enumerate(clips):
+            recording.sessions[id(clip)] = f"upload-{i}"
+            jobs.append(scheduler.submit(clip, options, session=f"upload-{i}"))
+            time.sleep(0.5)   # about a decode apart: without gathering, each would go alone
+        texts = [job.result(60).text for job in jobs]
+        assert recording.batches == [["upload-0"], [f"upload-{i}" for i in range(1, 5)]]
+        assert texts == [decoder.decode([clip], options)[0].text for clip in clips]
+        assert scheduler.metrics().gathers == 1
+    finally:
+        scheduler.close()
+
+
+def test_a_lone_request_and_a_device_where_batching_does_not_pay_never_wait(decoder):
+    clip = _clip(CLIPS[0])[: 3 * 16_000]
+    options = DecodingOptions(mode="exact")
+    for pays in (True, False):
+        scheduler = Scheduler(decoder, SchedulerOptions(max_rows=4, gather_s=30.0))
+        try:
+            if pays:
+                _batching_pays(scheduler)
+                scheduler.submit(clip, options).result(20)        # alone: nothing else is arriving
+            else:
+                sizer = scheduler.sizer("file exact")
+                for rows, seconds in ((1, 5.0), (1, 1.0), (2, 9.0), (2, 3.0)):   # two rows dearer per row
+                    sizer.record(rows, seconds)
+                first = scheduler.submit(clip, options)
+                second = scheduler.submit(clip, options)           # arriving together, yet one row pays best
+                first.result(20), second.result(20)
+            assert scheduler.metrics().gathers == 0, pays          # a wait would have lasted 30 s
+        finally:
+            scheduler.close()

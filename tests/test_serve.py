@@ -148,6 +148,7 @@ def test_concurrent_requests_share_batches_and_match_one_at_a_time(service):
     rows = after["asr_rows_total"] - before["asr_rows_total"]
     batches = after["asr_batches_total"] - before["asr_batches_total"]
     assert rows >= len(CLIPS) * 2 and batches < rows, (rows, batches)   # some batch held several rows
+    assert {"asr_batch_gathers_total", "asr_batch_gather_seconds_total"} <= set(after)   # exported
     assert after.get('asr_http_responses_total{status="5xx"}', 0) == 0
 
 

@@ -36,6 +36,10 @@ class SchedulerCollector:
                                   m.resent)
         yield CounterMetricFamily("asr_memory_trims", "Times freed memory went back to the system after an "
                                   "idle spell", m.trims)
+        yield CounterMetricFamily("asr_batch_gathers", "Batches that waited for more file rows arriving",
+                                  m.gathers)
+        yield CounterMetricFamily("asr_batch_gather_seconds", "Seconds batches waited for more file rows",
+                                  m.gather_s)
         rows = GaugeMetricFamily("asr_batches_by_rows", "Batches decoded, by rows per batch", labels=["rows"])
         for size, count in sorted(m.rows_per_batch.items()):
             rows.add_metric([str(size)], count)
