@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
+import statistics
 import sys
 import threading
 import time
@@ -241,7 +243,9 @@ def bench_streams(decoder, streaming, counts: list[int], engines: list[str], con
     return report
 
 
-def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False) -> dict:
+def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False, rounds: int = 1) -> dict:
+    """`count` clips sent one at a time, then all at once, `rounds` times alternately (a VM whose speed
+    drifts slows both alike); medians, the ratio of the medians, and each round's ratio."""
     import openai
 
     from asr_app.longform import transcribe
@@ -257,24 +261,35 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
             return api.audio.transcriptions.create(model="whisper-1", file=f).text
 
     send(paths[0])  # warm-up
-    started = time.perf_counter()
-    sequential = [send(p) for p in paths]
-    sequential_s = time.perf_counter() - started
-    before = engine.scheduler.metrics()
-    started = time.perf_counter()
-    with ThreadPoolExecutor(len(paths)) as pool:
-        together = list(pool.map(send, paths))
-    concurrent_s = time.perf_counter() - started
-    after = engine.scheduler.metrics()
+    seq_times, conc_times, same = [], [], True
+    batches: collections.Counter = collections.Counter()   # the concurrent rounds' batches, by rows
+    gathers, gather_s = 0, 0.0
+    for _ in range(rounds):
+        started = time.perf_counter()
+        sequential = [send(p) for p in paths]
+        seq_times.append(time.perf_counter() - started)
+        before = engine.scheduler.metrics()
+        started = time.perf_counter()
+        with ThreadPoolExecutor(len(paths)) as pool:
+            together = list(pool.map(send, paths))
+        conc_times.append(time.perf_counter() - started)
+        after = engine.scheduler.metrics()
+        batches.update({k: n - before.rows_per_batch.get(k, 0) for k, n in after.rows_per_batch.items()})
+        gathers, gather_s = gathers + after.gathers - before.gathers, gather_s + after.gather_s - before.gather_s
+        same = same and together == sequential
+    sequential_s, concurrent_s = statistics.median(seq_times), statistics.median(conc_times)
     offline = [transcribe(decoder, str(p)).text for p in paths]
     server.should_exit = True
     engine.scheduler.close()
-    batches = {k: after.rows_per_batch.get(k, 0) - before.rows_per_batch.get(k, 0) for k in after.rows_per_batch}
-    row = {"requests": len(paths), "sequential_s": sequential_s, "concurrent_s": concurrent_s,
-           "ratio": concurrent_s / sequential_s, "identical_to_transcribe": together == offline == sequential,
-           "batches_by_rows": batches, "sizer_s_per_row": after.sizer}
+    batches = {k: n for k, n in sorted(batches.items()) if n}
+    row = {"requests": len(paths), "rounds": rounds, "sequential_s": sequential_s, "concurrent_s": concurrent_s,
+           "ratio": concurrent_s / sequential_s, "identical_to_transcribe": same and together == offline == sequential,
+           "batches_by_rows": batches, "sizer_s_per_row": after.sizer, "sequential_rounds_s": seq_times,
+           "concurrent_rounds_s": conc_times, "round_ratios": [c / s for c, s in zip(conc_times, seq_times)],
+           "gathers": gathers, "gather_s": gather_s}
     print(f"API x{len(paths)}: one at a time {sequential_s:.1f} s, together {concurrent_s:.1f} s "
-          f"({row['ratio']:.2f}x); identical to transcribe(): {row['identical_to_transcribe']}; batches {batches}")
+          f"({row['ratio']:.2f}x; rounds {', '.join(f'{r:.2f}' for r in row['round_ratios'])}); identical to "
+          f"transcribe(): {row['identical_to_transcribe']}; batches {batches}")
     return row
 
 
@@ -305,8 +320,11 @@ def streams_table(report: dict) -> str:
                          + (f" {100 * row['wer_minus_offline_max']:+.1f} |" if offline[0] else ""))
     api = report.get("api")
     if api:
+        rounds = api.get("rounds", 1)
+        medians = f", medians of {rounds} alternating rounds," if rounds > 1 else ""
+        each = f" (each round: {', '.join(f'{r:.2f}x' for r in api['round_ratios'])})" if rounds > 1 else ""
         lines += ["", f"API: {api['requests']} requests at once {api['concurrent_s']:.1f} s, one at a time "
-                      f"{api['sequential_s']:.1f} s (**{api['ratio']:.2f}x**); texts identical to "
+                      f"{api['sequential_s']:.1f} s{medians} (**{api['ratio']:.2f}x**){each}; texts identical to "
                       f"`transcribe()`: {api['identical_to_transcribe']}; batches by rows {api['batches_by_rows']}"]
     return "\n".join(lines)
 
@@ -315,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", default="1,2,4,8")
     parser.add_argument("--api-requests", type=int, default=16)
+    parser.add_argument("--api-rounds", type=int, default=1, help="one-at-a-time and all-at-once runs, alternating")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"any of {', '.join(ENGINES)}")
     parser.add_argument("--context", type=float, default=3.0, help="seconds of encoder context (+context engine)")
@@ -344,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
               "streams": bench_streams(decoder, StreamingOptions(), counts, args.engines.split(","), args.context,
                                        args.audio, args.cycle_clips)}
     if args.api_requests:
-        report["api"] = bench_api(decoder, args.api_requests, args.audio, args.cycle_clips)
+        report["api"] = bench_api(decoder, args.api_requests, args.audio, args.cycle_clips, args.api_rounds)
     out = Path(args.out) if args.out else result_path("serve_bench", args.device)
     save_results(out, json.loads(json.dumps(report, default=float)), streams_table(report), device=args.device)
     print(f"wrote {out}")
