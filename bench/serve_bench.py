@@ -321,11 +321,12 @@ def streams_table(report: dict) -> str:
     api = report.get("api")
     if api:
         rounds = api.get("rounds", 1)
-        medians = f", medians of {rounds} alternating rounds," if rounds > 1 else ""
+        medians = f", medians of {rounds} alternating rounds" if rounds > 1 else ""
         each = f" (each round: {', '.join(f'{r:.2f}x' for r in api['round_ratios'])})" if rounds > 1 else ""
         lines += ["", f"API: {api['requests']} requests at once {api['concurrent_s']:.1f} s, one at a time "
                       f"{api['sequential_s']:.1f} s{medians} (**{api['ratio']:.2f}x**){each}; texts identical to "
-                      f"`transcribe()`: {api['identical_to_transcribe']}; batches by rows {api['batches_by_rows']}"]
+                      f"`transcribe()`: {api['identical_to_transcribe']}; batches by rows "
+                      f"{ {int(k): n for k, n in api['batches_by_rows'].items()} }"]
     return "\n".join(lines)
 
 
