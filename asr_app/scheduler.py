@@ -247,7 +247,7 @@ class Scheduler:
         self._closed = False
         self._metrics = SchedulerMetrics()
         self._untrimmed = False   # work was done since memory was last given back
-        self._file_arrivals: deque[float] = deque(maxlen=2)   # when the last two file requests came
+        self._file_arrivals: deque[tuple[float, str, Future]] = deque(maxlen=2)   # the last two file requests
         self._latencies = RecentLatencies(options.latency_window)
         self._worker = threading.Thread(target=self._run, name="asr-scheduler", daemon=True)
         self._worker.start()
@@ -270,7 +270,7 @@ class Scheduler:
             self._queue.append(_Request(clip, options, prompt, hint, priority, session, future, key,
                                         order=next(self._order)))
             if priority == FILE:
-                self._file_arrivals.append(time.monotonic())
+                self._file_arrivals.append((time.monotonic(), session, future))
             self._cond.notify_all()
         return future
 
@@ -346,7 +346,7 @@ class Scheduler:
                         return
                     else:
                         self._gather()
-                        if not self._queue:   # cancelled while it waited
+                        if not self._queue or self._held or self._closed:   # changed while it waited
                             continue
                         batch = self._take_batch()
                         self._untrimmed = True
@@ -369,28 +369,34 @@ class Scheduler:
                 self._metrics.trims += 1
 
     def _gather(self) -> None:
-        """Called under the lock. File rows are still arriving (two came within `gather_s`, the last of them
-        within `gather_s` of now) and fewer are ready than batching has paid for on this device: wait up to
-        `gather_s` for more. The worker idles meanwhile, which leaves the CPU to the threads still reading
-        those uploads; a lone request, live rows, and a device where batching does not pay never wait."""
+        """Called under the lock. File rows are still arriving (two came within `gather_s`, the later one within
+        `gather_s` of now, from two callers: not one file's windows sent one after another) and fewer are
+        ready than batching has paid for on this device: wait up to `gather_s` for more. The worker idles meanwhile, which leaves the CPU to the threads still
+        reading those uploads; a lone request, live rows, and a device where batching does not pay never wait."""
         window = self.options.gather_s
-        if not window:
-            return
-        began = time.monotonic()
-        while not self._closed and self._queue:
+        began, waited = time.monotonic(), False
+        while window and not self._closed and not self._held and self._queue:
             compatible = self._candidates()
-            head, now = compatible[0], time.monotonic()
-            first, last = (self._file_arrivals[0], self._file_arrivals[-1]) if self._file_arrivals else (0.0, 0.0)
-            arriving = len(self._file_arrivals) == 2 and last - first <= window and now - last <= window
-            wanted = self.sizer(cost_class(head)).choose(2 * len(compatible)) > len(compatible)
-            left = began + window - now
-            if head.priority != FILE or not arriving or not wanted or left <= 0:
+            now = time.monotonic()
+            stop = min(began + window, self._arriving_until(window))
+            wanted = self.sizer(cost_class(compatible[0])).choose(2 * len(compatible)) > len(compatible)
+            if compatible[0].priority != FILE or not wanted or stop <= now:
                 break
-            self._cond.wait(left)
-        waited = time.monotonic() - began
-        if waited > 1e-3:
+            self._cond.wait(stop - now)
+            waited = True
+        if waited:
             self._metrics.gathers += 1
-            self._metrics.gather_s += waited
+            self._metrics.gather_s += time.monotonic() - began
+
+    def _arriving_until(self, window: float) -> float:
+        """Until when file rows count as still arriving (see `_gather`); 0 when they do not."""
+        if len(self._file_arrivals) < 2:
+            return 0.0
+        (first, first_session, earlier), (last, last_session, _) = self._file_arrivals
+        # Two callers: two sessions named, or the first request not yet decoded when the second came (a caller
+        # that sends its windows in turn waits for each); one file's windows in turn never gather.
+        callers = (first_session != last_session and first_session and last_session) or not earlier.done()
+        return last + window if last - first <= window and callers else 0.0
 
     def _candidates(self) -> list[_Request]:
         """Called under the lock: the requests that can join the next batch, its head first."""

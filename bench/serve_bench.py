@@ -261,7 +261,7 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
             return api.audio.transcriptions.create(model="whisper-1", file=f).text
 
     send(paths[0])  # warm-up
-    seq_times, conc_times, same = [], [], True
+    seq_times, conc_times, rounds_texts = [], [], []
     batches: collections.Counter = collections.Counter()   # the concurrent rounds' batches, by rows
     gathers, gather_s = 0, 0.0
     for _ in range(rounds):
@@ -276,14 +276,14 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
         after = engine.scheduler.metrics()
         batches.update({k: n - before.rows_per_batch.get(k, 0) for k, n in after.rows_per_batch.items()})
         gathers, gather_s = gathers + after.gathers - before.gathers, gather_s + after.gather_s - before.gather_s
-        same = same and together == sequential
+        rounds_texts += [sequential, together]
     sequential_s, concurrent_s = statistics.median(seq_times), statistics.median(conc_times)
     offline = [transcribe(decoder, str(p)).text for p in paths]
     server.should_exit = True
     engine.scheduler.close()
     batches = {k: n for k, n in sorted(batches.items()) if n}
     row = {"requests": len(paths), "rounds": rounds, "sequential_s": sequential_s, "concurrent_s": concurrent_s,
-           "ratio": concurrent_s / sequential_s, "identical_to_transcribe": same and together == offline == sequential,
+           "ratio": concurrent_s / sequential_s, "identical_to_transcribe": all(texts == offline for texts in rounds_texts),
            "batches_by_rows": batches, "sizer_s_per_row": after.sizer, "sequential_rounds_s": seq_times,
            "concurrent_rounds_s": conc_times, "round_ratios": [c / s for c, s in zip(conc_times, seq_times)],
            "gathers": gathers, "gather_s": gather_s}
@@ -334,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", default="1,2,4,8")
     parser.add_argument("--api-requests", type=int, default=16)
-    parser.add_argument("--api-rounds", type=int, default=1, help="one-at-a-time and all-at-once runs, alternating")
+    parser.add_argument("--api-rounds", type=int, default=1, choices=range(1, 101), metavar="1..100",
+                        help="one-at-a-time and all-at-once runs, alternating")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"any of {', '.join(ENGINES)}")
     parser.add_argument("--context", type=float, default=3.0, help="seconds of encoder context (+context engine)")

@@ -370,22 +370,24 @@ def test_file_rows_still_arriving_are_gathered_into_one_batch(decoder):
         scheduler.close()
 
 
-def test_a_lone_request_and_a_device_where_batching_does_not_pay_never_wait(decoder):
+def test_a_lone_request_one_files_windows_and_a_device_where_batching_does_not_pay_never_wait(decoder):
+    """gather_s is 30 s here, and every result is awaited for at most 20 s: a wait would fail the test."""
     clip = _clip(CLIPS[0])[: 3 * 16_000]
     options = DecodingOptions(mode="exact")
-    for pays in (True, False):
+    for case in ("alone", "one file's windows in turn", "batching does not pay"):
         scheduler = Scheduler(decoder, SchedulerOptions(max_rows=4, gather_s=30.0))
         try:
-            if pays:
-                _batching_pays(scheduler)
-                scheduler.submit(clip, options).result(20)        # alone: nothing else is arriving
-            else:
+            if case == "batching does not pay":
                 sizer = scheduler.sizer("file exact")
                 for rows, seconds in ((1, 5.0), (1, 1.0), (2, 9.0), (2, 3.0)):   # two rows dearer per row
                     sizer.record(rows, seconds)
                 first = scheduler.submit(clip, options)
                 second = scheduler.submit(clip, options)           # arriving together, yet one row pays best
                 first.result(20), second.result(20)
-            assert scheduler.metrics().gathers == 0, pays          # a wait would have lasted 30 s
+            else:
+                _batching_pays(scheduler)
+                for _ in range(1 if case == "alone" else 3):       # each window sent once the one before is done
+                    scheduler.submit(clip, options, session="one-file").result(20)
+            assert scheduler.metrics().gathers == 0, case
         finally:
             scheduler.close()
