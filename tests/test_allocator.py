@@ -91,3 +91,31 @@ def test_freed_memory_kept_for_reuse_goes_back_when_released():
     # Eight 12 MiB blocks freed stay with the process (kept for reuse); released, most of them leave it.
     proc = subprocess.run([sys.executable, "-c", RELEASE], capture_output=True, text=True, check=True)
     assert float(proc.stdout) >= 6.0, proc.stdout
+
+
+def test_release_frees_what_only_reference_cycles_hold_before_it_trims():
+    """A tensor held by a reference cycle is freed only by Python's full collection, which runs rarely;
+    release_freed_memory collects first, so what the trim can return includes it."""
+    import gc
+    import weakref
+
+    import torch
+
+    from asr_app.runtime.allocator import release_freed_memory
+
+    class Holder:
+        pass
+
+    gc.disable()   # else an automatic collection could free it first and prove nothing
+    try:
+        holder = Holder()
+        holder.me, holder.tensor = holder, torch.ones(4 * 2**20, dtype=torch.uint8)
+        alive = weakref.ref(holder.tensor)
+        del holder
+        assert alive() is not None   # only the cycle holds it
+        if release_freed_memory():
+            assert alive() is None
+        else:
+            pytest.skip("the C library is not glibc: nothing is released")
+    finally:
+        gc.enable()

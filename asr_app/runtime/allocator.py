@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import gc
 import sys
 
 M_TRIM_THRESHOLD = -1    # glibc's mallopt parameter numbers (malloc.h)
@@ -41,7 +42,10 @@ def keep_freed_memory() -> bool:
 
 def release_freed_memory() -> bool:
     """Give the memory malloc holds freed back to the system (glibc's `malloc_trim`, which also returns the
-    free pages inside its heaps, not only at their tops). A batch of N 30 s windows leaves its working set
+    free pages inside its heaps, not only at their tops), after a full garbage collection: tensors that
+    only reference cycles still hold are freed by Python's oldest generation, which runs rarely, and until
+    then no trim can return them (a probe decoding batches of 1-8 rows in turn rose by 60-90 MB every 30
+    decodes without it and stayed level with it: docs/serving.md). A batch of N 30 s windows leaves its working set
     behind as freed memory (tiny.en, 2 threads: about 380 MB after a batch of 8); a long-running server
     calls this when it has been idle a while, so its resident size falls back instead of staying at its
     largest batch (docs/serving.md, "Load and faults"). False where the C library is not glibc."""
@@ -54,5 +58,6 @@ def release_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    gc.collect()
     trim(0)
     return True
