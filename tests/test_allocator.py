@@ -119,3 +119,35 @@ def test_release_frees_what_only_reference_cycles_hold_before_it_trims():
             pytest.skip("the C library is not glibc: nothing is released")
     finally:
         gc.enable()
+
+
+def test_a_decode_leaves_no_tensors_for_the_cycle_collector(tiny_en_pair):
+    """A decode's workspace (caches, cross-attention keys, a few MB a row) is freed when the decode ends, not
+    when Python's rare full collection finds a reference cycle holding it: a closure over the loop made one,
+    and a server's resident size rose by hundreds of MB between collections (docs/serving.md)."""
+    import gc
+
+    import torch
+    from conftest import lj_clip
+
+    from asr_app.audio import load_audio
+    from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+
+    decoder = SpeculativeDecoder(tiny_en_pair, DecodingOptions(mode="exact"))
+    clips = [load_audio(lj_clip(c))[: 3 * 16_000] for c in ("LJ001-0002", "LJ001-0008")]
+    options = DecodingOptions(mode="exact", timestamps=True, word_timestamps=True)
+    decoder.decode(clips, options)   # first use: whatever is made once and kept is not garbage
+    gc.collect()
+    gc.disable()
+    try:
+        for batch in (clips, clips[:1]):   # ragged rows and one row
+            decoder.decode(batch, options)
+            decoder.decode(batch, DecodingOptions(mode="off"))
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        held = [o for o in gc.garbage if isinstance(o, torch.Tensor)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not held, f"{len(held)} tensors only reference cycles held"

@@ -127,7 +127,8 @@ class SpeculativeLoop:
         # there drafting stops early: once every row drafted EOS (later drafts are never kept), and after one
         # draft that every row's hint continues (the hint proposes the rest).
         self.reads_are_free = self.eager and self.device.type == "cpu"
-        self.timings = Timings(lambda: self.runner.capture_s)
+        runner = self.runner   # not `self`: a closure over the loop would make a reference cycle that kept every
+        self.timings = Timings(lambda: runner.capture_s)   # decode's workspace until a full gc (docs/serving.md)
         self._num_draft: dict[tuple[int, int], torch.Tensor] = {}
         self.verify_steps: list[tuple[int, float]] = []
         self.verify_cpu_s = 0.0
