@@ -371,8 +371,9 @@ class Scheduler:
     def _gather(self) -> None:
         """Called under the lock. File rows are still arriving (two came within `gather_s`, the later one within
         `gather_s` of now, from two callers: not one file's windows sent one after another) and fewer are
-        ready than batching has paid for on this device: wait up to `gather_s` for more. The worker idles meanwhile, which leaves the CPU to the threads still
-        reading those uploads; a lone request, live rows, and a device where batching does not pay never wait."""
+        ready than batching has paid for on this device: wait up to `gather_s` for more. The worker idles
+        meanwhile, which leaves the CPU to the threads still reading those uploads; a lone request, live
+        rows, and a device where batching does not pay never wait."""
         window = self.options.gather_s
         began, waited = time.monotonic(), False
         while window and not self._closed and not self._held and self._queue:
@@ -492,8 +493,7 @@ def _loop_figures(outcomes: list[DecodingResult | BaseException]) -> tuple[float
     results = [o for o in outcomes if isinstance(o, DecodingResult)]
     if len(results) != len(outcomes) or not results or any(r.stats.context_retries for r in results):
         return None, None
-    stats = results[0].stats
-    return max(stats.total_s - stats.setup_s - stats.encoder_s, 0.0), sum(max(r.stats.tokens_out, 1) for r in results)
+    return results[0].stats.loop_s, sum(max(r.stats.tokens_out, 1) for r in results)
 
 
 def _one_time_s(outcomes: list[DecodingResult | BaseException]) -> float:

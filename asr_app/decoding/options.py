@@ -153,6 +153,12 @@ _SUMMED = ("tokens_out", "target_calls", "drafted", "accepted", "hint_steps", "h
            "context_retries")
 
 
+def loop_seconds(total_s: float, setup_s: float, encoder_s: float) -> float:
+    """A decode's token loop: its synchronised total less its encoder and one-time work, so the figure holds
+    the device's time on a GPU too (the step timers there hold only launches)."""
+    return max(total_s - setup_s - encoder_s, 0.0)
+
+
 @dataclass
 class DecodingStats:
     mode: str
@@ -176,6 +182,11 @@ class DecodingStats:
     windows: int = 1         # decodes summed into this record
     context_retries: int = 0  # decodes over a shortened encoder input done again over the whole window
     verify_steps: list[tuple[int, float]] = field(default_factory=list)
+
+    @property
+    def loop_s(self) -> float:
+        """The token loop's seconds (language detection included): the total less encoder and one-time work."""
+        return loop_seconds(self.total_s, self.setup_s, self.encoder_s)
 
     def finalise(self) -> None:
         drafted = self.drafted > 0

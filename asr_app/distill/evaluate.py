@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from asr_app.decoding.engine import SpeculativeDecoder
-from asr_app.decoding.options import DecodingOptions, DecodingStats, RuntimeOptions
+from asr_app.decoding.options import DecodingOptions, DecodingStats, RuntimeOptions, loop_seconds
 from asr_app.distill.batching import collate
 from asr_app.distill.cache import LabelInfo
 from asr_app.distill.loss import distill_loss, student_logits
@@ -51,7 +51,7 @@ class TimeSplit:
     def loop_s(self) -> float:
         """The token loop (language detection included), the only part a draft can shorten: each decode's
         synchronised total less its encoder and one-time work, so it holds the device's time on a GPU too."""
-        return max(self.total_s - self.setup_s - self.encoder_s, 0.0)
+        return loop_seconds(self.total_s, self.setup_s, self.encoder_s)
 
 
 @dataclass
