@@ -284,6 +284,7 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
     batches = {k: n for k, n in sorted(batches.items()) if n}
     row = {"requests": len(paths), "rounds": rounds, "sequential_s": sequential_s, "concurrent_s": concurrent_s,
            "ratio": concurrent_s / sequential_s, "identical_to_transcribe": all(texts == offline for texts in rounds_texts),
+           "differ_from_transcribe": text_differences(paths, offline, rounds_texts),
            "batches_by_rows": batches, "sizer_s_per_row": after.sizer, "sequential_rounds_s": seq_times,
            "concurrent_rounds_s": conc_times, "round_ratios": [c / s for c, s in zip(conc_times, seq_times)],
            "gathers": gathers, "gather_s": gather_s}
@@ -293,8 +294,18 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
     return row
 
 
+def text_differences(paths: list[Path], offline: list[str], rounds_texts: list[list[str]]) -> list[dict]:
+    """Each API answer unlike `transcribe()`'s text for its clip: which round (even: one at a time, odd: all at
+    once), which request, and both texts, so a mismatch can be told from a batch effect by reading it."""
+    return [{"round": r // 2 + 1, "together": bool(r % 2), "request": i, "clip": paths[i].name,
+             "transcribe": want, "api": got}
+            for r, texts in enumerate(rounds_texts) for i, (got, want) in enumerate(zip(texts, offline)) if got != want]
+
+
 def streams_table(report: dict) -> str:
     """Final-word latency of N live streams per engine (p50 / p90 / worst, seconds), WER, and the API row."""
+    if "streams" not in report:  # --streams 0: the API only
+        return api_line(report["api"])
     streams = report["streams"]
     engines = [e for e in ENGINES if e in streams]
     counts = sorted({int(n) for e in engines for n in streams[e]["streams"]})
@@ -318,16 +329,22 @@ def streams_table(report: dict) -> str:
             lines.append(f"| {engine} | {n} | {row['p50_s']:.2f} | {row['p90_s']:.2f} | {row['max_s']:.2f} | "
                          f"{100 * sum(row['wer']) / len(row['wer']):.1f}% | {100 * row['wer_minus_alone_max']:+.1f} |"
                          + (f" {100 * row['wer_minus_offline_max']:+.1f} |" if offline[0] else ""))
-    api = report.get("api")
-    if api:
-        rounds = api.get("rounds", 1)
-        medians = f", medians of {rounds} alternating rounds" if rounds > 1 else ""
-        each = f" (each round: {', '.join(f'{r:.2f}x' for r in api['round_ratios'])})" if rounds > 1 else ""
-        lines += ["", f"API: {api['requests']} requests at once {api['concurrent_s']:.1f} s, one at a time "
-                      f"{api['sequential_s']:.1f} s{medians} (**{api['ratio']:.2f}x**){each}; texts identical to "
-                      f"`transcribe()`: {api['identical_to_transcribe']}; batches by rows "
-                      f"{ {int(k): n for k, n in api['batches_by_rows'].items()} }"]
+    if report.get("api"):
+        lines += ["", api_line(report["api"])]
     return "\n".join(lines)
+
+
+def api_line(api: dict) -> str:
+    """The API row: all at once against one at a time, texts against `transcribe()`, batches formed."""
+    rounds = api.get("rounds", 1)
+    medians = f", medians of {rounds} alternating rounds" if rounds > 1 else ""
+    each = f" (each round: {', '.join(f'{r:.2f}x' for r in api['round_ratios'])})" if rounds > 1 else ""
+    differ = api.get("differ_from_transcribe")
+    unlike = f" ({len(differ)} answers unlike it)" if differ else ""
+    return (f"API: {api['requests']} requests at once {api['concurrent_s']:.1f} s, one at a time "
+            f"{api['sequential_s']:.1f} s{medians} (**{api['ratio']:.2f}x**){each}; texts identical to "
+            f"`transcribe()`: {api['identical_to_transcribe']}{unlike}; batches by rows "
+            f"{ {int(k): n for k, n in api['batches_by_rows'].items()} }")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,13 +374,14 @@ def main(argv: list[str] | None = None) -> int:
     pair = load_pair(target=str(models / "whisper-tiny.en"), draft=str(models / "distil-tiny.en-draft"),
                      device=args.device)
     decoder = SpeculativeDecoder(pair, DecodingOptions(mode="exact"))
-    counts = [int(n) for n in args.streams.split(",")]
+    counts = [int(n) for n in args.streams.split(",") if int(n)]  # --streams 0: the API only
     from report_io import device_name, result_path, save_results
     report = {"command": " ".join(["python", "bench/serve_bench.py", *(argv or sys.argv[1:])]),
               "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "cpu": _cpu(),
-              "device": device_name(args.device) if args.device.startswith("cuda") else "cpu",
-              "streams": bench_streams(decoder, StreamingOptions(), counts, args.engines.split(","), args.context,
-                                       args.audio, args.cycle_clips)}
+              "device": device_name(args.device) if args.device.startswith("cuda") else "cpu"}
+    if counts:
+        report["streams"] = bench_streams(decoder, StreamingOptions(), counts, args.engines.split(","),
+                                          args.context, args.audio, args.cycle_clips)
     if args.api_requests:
         report["api"] = bench_api(decoder, args.api_requests, args.audio, args.cycle_clips, args.api_rounds)
     out = Path(args.out) if args.out else result_path("serve_bench", args.device)
