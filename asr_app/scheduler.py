@@ -209,10 +209,21 @@ class SchedulerMetrics:
     trims: int = 0       # times freed memory was given back to the system after an idle spell
     gathers: int = 0     # batches that waited for more file rows arriving (SchedulerOptions.gather_s)
     gather_s: float = 0.0  # the time they waited, in all
+    # Where steps are captured (a GPU): workspaces held, dropped to make room, and graph captures made
+    workspaces: int = 0
+    workspace_evictions: int = 0
+    graph_captures: int = 0
+    graph_capture_s: float = 0.0
 
     @property
     def acceptance_rate(self) -> float | None:
         return self.accepted / self.drafted if self.drafted else None
+
+    def note_workspaces(self, stats) -> None:
+        """The decoder's `WorkspaceStats` after a batch (None: a decoder without workspaces)."""
+        if stats is not None:
+            self.workspaces, self.workspace_evictions = stats.workspaces, stats.evictions
+            self.graph_captures, self.graph_capture_s = stats.captures, stats.capture_s
 
     def count_batch(self, clips: Sequence[np.ndarray], outcomes: Sequence, seconds: float) -> None:
         """One decoded batch: its rows, time, and each row's audio and drafts (or its failure)."""
@@ -237,6 +248,9 @@ class Scheduler:
         self.options = options
         cuda = getattr(getattr(decoder.pair, "device", None), "type", "cpu") == "cuda"
         self._max_rows = options.max_rows or (32 if cuda else 8)
+        keep_workspaces = getattr(decoder, "keep_workspaces", None)
+        if keep_workspaces is not None:   # room for every batch size it forms, with drafts and without
+            keep_workspaces(2 * len(BatchSizer(self._max_rows).sizes))
         self._sizers: dict[str, BatchSizer] = {}   # cost class -> its sizer
         self._queue: list[_Request] = []
         self._cond = threading.Condition()
@@ -313,6 +327,8 @@ class Scheduler:
                 queue_depth=len(self._queue), batches=m.batches, rows=m.rows,
                 rows_per_batch=dict(m.rows_per_batch), failed=m.failed, busy_s=m.busy_s, audio_s=m.audio_s,
                 drafted=m.drafted, accepted=m.accepted, trims=m.trims, gathers=m.gathers, gather_s=m.gather_s,
+                workspaces=m.workspaces, workspace_evictions=m.workspace_evictions,
+                graph_captures=m.graph_captures, graph_capture_s=m.graph_capture_s,
                 latencies=self._latencies.snapshot(),
                 sizer={kind: sizer.snapshot() for kind, sizer in sorted(self._sizers.items())})
 
@@ -439,7 +455,9 @@ class Scheduler:
         outcomes, together = self._outcomes(batch)
         elapsed = time.perf_counter() - started
         now = time.monotonic()
+        workspaces = workspace_stats(self.decoder)
         with self._cond:   # metrics() copies the sizers' costs under this lock
+            self._metrics.note_workspaces(workspaces)
             if together:   # a batch redone row by row after a failure says nothing of what a batch costs
                 self.sizer(cost_class(batch[0])).record(len(batch), max(0.0, elapsed - _one_time_s(outcomes)),
                                                         *_loop_figures(outcomes))
@@ -470,6 +488,13 @@ class Scheduler:
             except Exception as exc:  # noqa: BLE001
                 outcomes.append(exc)
         return outcomes, False
+
+
+def workspace_stats(decoder):
+    """The decoder's workspace figures (`SpeculativeDecoder.workspace_stats`), read on the thread that
+    decodes; None for a decoder without them."""
+    stats = getattr(decoder, "workspace_stats", None)
+    return stats() if stats is not None else None
 
 
 def cost_class(request: _Request) -> str:

@@ -91,6 +91,52 @@ def test_beyond_max_workspaces_the_least_recently_used_batch_size_goes(tiny_pair
     assert list(dec._workspaces) == [(1, True), (3, True)] and dec._workspaces[(1, True)] is kept
 
 
+def test_a_pool_with_room_for_every_batch_size_captures_each_once(tiny_pair):
+    # A scheduler forms batches of several sizes in turn (on an H200, six sizes through a pool of four): with
+    # too little room every size comes back to new caches and a fresh capture of every step; with room for
+    # them all (what the scheduler asks for, `keep_workspaces`), the second round captures nothing.
+    sizes, opts = (1, 2, 4, 8, 3), DecodingOptions(mode="exact", gamma=2, max_new_tokens=4)
+
+    def rounds(dec: SpeculativeDecoder) -> list:
+        figures = []
+        for _ in range(2):
+            for batch in sizes:
+                dec.decode_features(features(batch), opts)
+            figures.append(dec.workspace_stats())
+        return figures
+
+    tight_first, tight_second = rounds(decoder(tiny_pair, "emulate"))
+    assert tight_first.max_workspaces == RuntimeOptions().max_workspaces < len(sizes)
+    assert tight_second.evictions > tight_first.evictions > 0 and tight_second.captures > tight_first.captures
+    roomy = decoder(tiny_pair, "emulate")
+    roomy.keep_workspaces(len(sizes))
+    roomy.keep_workspaces(2)  # never lowers the bound
+    first, second = rounds(roomy)
+    assert (first.max_workspaces, first.workspaces, first.rows) == (len(sizes), len(sizes), sum(sizes))
+    assert second.evictions == 0 and second.captures == first.captures > 0
+    # what a dropped workspace had captured still counts: the tight pool made every capture the roomy one did
+    assert tight_first.captures == first.captures
+
+
+def test_the_workspace_pool_counts_what_it_drops():
+    from asr_app.decoding.steps import Workspace
+    from asr_app.decoding.workspaces import WorkspacePool
+
+    pool = WorkspacePool(2)
+    runners = {}
+    for key in ((1, True), (2, True), (1, True), (4, False)):  # (2, True) is the least recently used
+        ws = pool.use(key) or pool.add(key, Workspace(None, None, StepRunner("emulate", 8)))
+        runners[key] = ws.runner
+        ws.runner.run(key, doubled, {"x": torch.ones(2)}, 0, 1)
+    assert list(pool) == [(1, True), (4, False)] and len(pool) == 2
+    stats = pool.stats()
+    assert (stats.workspaces, stats.rows, stats.evictions, stats.captures) == (2, 5, 1, 3)
+    with pytest.raises(ValueError, match="max_workspaces"):
+        WorkspacePool(0)
+    with pytest.raises(ValueError, match="max_workspaces"):
+        RuntimeOptions(max_workspaces=0)
+
+
 def test_the_generated_count_is_not_baked_into_a_graph(tiny_pair, monkeypatch):
     # The loop gives captured steps only what they depend on of the count (rules_count: 0 or 1, keyed by
     # `first`). Passing the raw count, as the loop did, would bake the capturing step's count into every replay.

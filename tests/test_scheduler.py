@@ -391,3 +391,32 @@ def test_a_lone_request_one_files_windows_and_a_device_where_batching_does_not_p
             assert scheduler.metrics().gathers == 0, case
         finally:
             scheduler.close()
+
+
+def test_the_scheduler_keeps_room_for_its_batch_sizes_and_reports_graph_captures(tiny_en_pair, one_torch_thread):
+    # Steps captured (emulated here as on a GPU): the decoder's default pool holds 4 workspaces; a scheduler
+    # forming batches of 1-16 rows asks for all five sizes, with drafts and without, and its metrics carry
+    # the captures the decodes made (on an H200 a pool too small for the sizes recaptured in turn).
+    from asr_app.decoding import RuntimeOptions
+
+    emulated = SpeculativeDecoder(tiny_en_pair, DecodingOptions(mode="exact", max_new_tokens=8),
+                                  runtime=RuntimeOptions(cuda_graphs="emulate"))
+    assert emulated.workspace_stats().max_workspaces == RuntimeOptions().max_workspaces == 4
+    scheduler = Scheduler(emulated, SchedulerOptions(max_rows=16))
+    try:
+        assert emulated.workspace_stats().max_workspaces == 10
+        futures = [scheduler.submit(_clip(c), DecodingOptions(mode="exact", max_new_tokens=8), session=c)
+                   for c in ("LJ001-0001", "LJ001-0002")]
+        assert all(f.result(timeout=120).tokens for f in futures)
+        m = scheduler.metrics()
+        assert m.graph_captures > 0 and m.graph_capture_s > 0 and m.workspaces >= 1
+        assert m.workspace_evictions == 0
+    finally:
+        scheduler.close()
+    bare = SpeculativeDecoder(tiny_en_pair, DecodingOptions(mode="exact"))
+    eager = Scheduler(bare)  # eager steps: no workspaces kept, figures stay zero
+    try:
+        eager.submit(_clip("LJ001-0001"), DecodingOptions(mode="exact", max_new_tokens=4)).result(timeout=120)
+        assert (eager.metrics().workspaces, eager.metrics().graph_captures) == (0, 0)
+    finally:
+        eager.close()

@@ -149,6 +149,9 @@ def test_concurrent_requests_share_batches_and_match_one_at_a_time(service):
     batches = after["asr_batches_total"] - before["asr_batches_total"]
     assert rows >= len(CLIPS) * 2 and batches < rows, (rows, batches)   # some batch held several rows
     assert {"asr_batch_gathers_total", "asr_batch_gather_seconds_total"} <= set(after)   # exported
+    # steps run eagerly on a CPU: nothing captured, no workspace held (a GPU server reports its captures)
+    assert (after["asr_workspaces"], after["asr_graph_captures_total"], after["asr_workspace_evictions_total"],
+            after["asr_graph_capture_seconds_total"]) == (0, 0, 0, 0)
     assert after.get('asr_http_responses_total{status="5xx"}', 0) == 0
 
 

@@ -44,6 +44,7 @@ from asr_app.decoding.rules import RuleState, WhisperLogitRules
 from asr_app.decoding.seeds import reseeded
 from asr_app.decoding.steps import Steps, Workspace
 from asr_app.decoding.text import decode_text, split_segments
+from asr_app.decoding.workspaces import WorkspacePool, WorkspaceStats
 from asr_app.runtime import DecoderRuntime, EncoderRuntime, StepRunner, draft_vocabulary
 from asr_app.runtime.allocator import keep_freed_memory
 from asr_app.runtime.vocab import draft_ranking
@@ -96,7 +97,7 @@ class SpeculativeDecoder:
             if not pair.shared_encoder:
                 self.draft_encoder = EncoderRuntime.from_model(self.draft, packed)
         self._rules: dict[tuple, WhisperLogitRules] = {}
-        self._workspaces: dict[tuple[int, bool], Workspace] = {}
+        self._workspaces = WorkspacePool(runtime.max_workspaces)
         self._step_costs: StepCosts | None = None
         # The draft's acceptance over recent decodes: the prior of the next one (decoding/gamma.py).
         self._acceptance_memory = AcceptanceMemory()
@@ -311,6 +312,16 @@ class SpeculativeDecoder:
             return draft_hidden
         return torch.cat([draft_hidden[:, :frames], draft_hidden[:, total - DRAFT_END_FRAMES:]], dim=1)
 
+    def keep_workspaces(self, count: int) -> None:
+        """Keep at least `count` batch sizes' workspaces (and their graphs) between decodes: a scheduler
+        that forms batches of n sizes asks for room for them, so none is recaptured in turn."""
+        self._workspaces.keep(count)
+
+    def workspace_stats(self) -> WorkspaceStats:
+        """Workspaces held, dropped, and the graph captures they made (all zero where steps run eagerly).
+        Read it from the thread that decodes."""
+        return self._workspaces.stats()
+
     def _workspace(self, encoder_hidden: torch.Tensor, draft_hidden: torch.Tensor | None) -> Workspace:
         """Decoder states for this window. Eagerly new ones; with graphs one persistent workspace per
         (batch size, draft or not), refilled in place, since captured steps read those very tensors. Beyond
@@ -321,16 +332,12 @@ class SpeculativeDecoder:
                              self.draft_runtime.new_state(draft_hidden) if draft_hidden is not None else None,
                              StepRunner("eager", self.max_positions))
         key = (batch, draft_hidden is not None)
-        ws = self._workspaces.get(key)
+        ws = self._workspaces.use(key)
         if ws is None:
-            if len(self._workspaces) >= self.runtime.max_workspaces:
-                self._workspaces.pop(next(iter(self._workspaces)))  # the least recently used: the first
-            ws = self._workspaces[key] = Workspace(
+            return self._workspaces.add(key, Workspace(
                 self.target_runtime.new_state(encoder_hidden),
                 self.draft_runtime.new_state(draft_hidden) if draft_hidden is not None else None,
-                StepRunner(self.graph_mode, self.max_positions, self.runtime.max_graphs))
-            return ws
-        self._workspaces[key] = self._workspaces.pop(key)  # most recently used: to the end of the order
+                StepRunner(self.graph_mode, self.max_positions, self.runtime.max_graphs)))
         self.target_runtime.load_encoder(ws.target, encoder_hidden)
         if ws.draft is not None:
             self.draft_runtime.load_encoder(ws.draft, draft_hidden)

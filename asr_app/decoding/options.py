@@ -105,6 +105,8 @@ class RuntimeOptions:
             raise ValueError(f"draft_audio_margin_s must be >= 0 seconds or None, got {self.draft_audio_margin_s}")
         if self.max_graphs < 1:
             raise ValueError(f"max_graphs must be >= 1, got {self.max_graphs}")
+        if self.max_workspaces < 1:
+            raise ValueError(f"max_workspaces must be >= 1, got {self.max_workspaces}")
         if self.draft_vocab is not None and self.draft_vocab < 1:
             raise ValueError(f"draft_vocab must be a positive token count or None, got {self.draft_vocab}")
 

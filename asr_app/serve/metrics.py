@@ -40,6 +40,13 @@ class SchedulerCollector:
                                   m.gathers)
         yield CounterMetricFamily("asr_batch_gather_seconds", "Seconds batches waited for more file rows",
                                   m.gather_s)
+        yield GaugeMetricFamily("asr_workspaces", "Batch sizes whose decoder states and graphs are held",
+                                m.workspaces)
+        yield CounterMetricFamily("asr_workspace_evictions", "Workspaces dropped to make room for another "
+                                  "batch size", m.workspace_evictions)
+        yield CounterMetricFamily("asr_graph_captures", "Decoding steps captured as CUDA graphs", m.graph_captures)
+        yield CounterMetricFamily("asr_graph_capture_seconds", "Seconds spent capturing CUDA graphs",
+                                  m.graph_capture_s)
         rows = GaugeMetricFamily("asr_batches_by_rows", "Batches decoded, by rows per batch", labels=["rows"])
         for size, count in sorted(m.rows_per_batch.items()):
             rows.add_metric([str(size)], count)

@@ -134,6 +134,7 @@ def merge_metrics(boards: dict[str, tuple[float, int, SchedulerMetrics]], now: f
     for seen, _pid, m in boards.values():
         if now - seen <= FRESH_S:
             total.queue_depth += m.queue_depth
+            total.workspaces += m.workspaces
         total.batches += m.batches
         total.rows += m.rows
         total.failed += m.failed
@@ -142,6 +143,11 @@ def merge_metrics(boards: dict[str, tuple[float, int, SchedulerMetrics]], now: f
         total.drafted += m.drafted
         total.accepted += m.accepted
         total.trims += m.trims
+        total.gathers += m.gathers
+        total.gather_s += m.gather_s
+        total.workspace_evictions += m.workspace_evictions
+        total.graph_captures += m.graph_captures
+        total.graph_capture_s += m.graph_capture_s
         for size, count in m.rows_per_batch.items():
             total.rows_per_batch[size] = total.rows_per_batch.get(size, 0) + count
         for name, values in m.latencies.items():
