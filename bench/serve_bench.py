@@ -232,15 +232,24 @@ def bench_streams(decoder, streaming, counts: list[int], engines: list[str], con
         for n in counts:
             results = run_streams(host, clips[:n])
             rows[n] = summarise(results, [t for _, t in clips[:n]], alone_wer[:n], offline_wer[:n])
+            rows[n]["graphs"] = graph_figures(engine.scheduler.metrics())   # so far, by the end of this N
             print(f"{name:18s} N={n}: p50 {rows[n]['p50_s']:.2f} s, p90 {rows[n]['p90_s']:.2f} s, "
                   f"max {rows[n]['max_s']:.2f} s, WER-alone max {rows[n]['wer_minus_alone_max']:+.3f}, "
                   f"WER-offline max {rows[n]['wer_minus_offline_max']:+.3f}", flush=True)
         metrics = engine.scheduler.metrics()
         report[name] = {"alone_wer": alone_wer, "alone": alone_lat, "streams": rows,
-                        "batches_by_rows": metrics.rows_per_batch, "sizer_s_per_row": metrics.sizer}
+                        "batches_by_rows": metrics.rows_per_batch, "sizer_s_per_row": metrics.sizer,
+                        "graphs": graph_figures(metrics)}
         server.should_exit = True
         engine.scheduler.close()
     return report
+
+
+def graph_figures(metrics) -> dict:
+    """Where steps are captured (a GPU): workspaces held and dropped, graphs captured and their seconds, so
+    far. All zero on a CPU."""
+    return {"workspaces": metrics.workspaces, "workspace_evictions": metrics.workspace_evictions,
+            "captures": metrics.graph_captures, "capture_s": metrics.graph_capture_s}
 
 
 def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False, rounds: int = 1) -> dict:
@@ -287,7 +296,7 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
            "differ_from_transcribe": text_differences(paths, offline, rounds_texts),
            "batches_by_rows": batches, "sizer_s_per_row": after.sizer, "sequential_rounds_s": seq_times,
            "concurrent_rounds_s": conc_times, "round_ratios": [c / s for c, s in zip(conc_times, seq_times)],
-           "gathers": gathers, "gather_s": gather_s}
+           "gathers": gathers, "gather_s": gather_s, "graphs": graph_figures(after)}
     print(f"API x{len(paths)}: one at a time {sequential_s:.1f} s, together {concurrent_s:.1f} s "
           f"({row['ratio']:.2f}x; rounds {', '.join(f'{r:.2f}' for r in row['round_ratios'])}); identical to "
           f"transcribe(): {row['identical_to_transcribe']}; batches {batches}")
@@ -329,6 +338,8 @@ def streams_table(report: dict) -> str:
             lines.append(f"| {engine} | {n} | {row['p50_s']:.2f} | {row['p90_s']:.2f} | {row['max_s']:.2f} | "
                          f"{100 * sum(row['wer']) / len(row['wer']):.1f}% | {100 * row['wer_minus_alone_max']:+.1f} |"
                          + (f" {100 * row['wer_minus_offline_max']:+.1f} |" if offline[0] else ""))
+    lines += [f"\n{engine}: {captured(streams[engine].get('graphs'))[2:]}" for engine in engines
+              if captured(streams[engine].get("graphs"))]
     if report.get("api"):
         lines += ["", api_line(report["api"])]
     return "\n".join(lines)
@@ -344,7 +355,15 @@ def api_line(api: dict) -> str:
     return (f"API: {api['requests']} requests at once {api['concurrent_s']:.1f} s, one at a time "
             f"{api['sequential_s']:.1f} s{medians} (**{api['ratio']:.2f}x**){each}; texts identical to "
             f"`transcribe()`: {api['identical_to_transcribe']}{unlike}; batches by rows "
-            f"{ {int(k): n for k, n in api['batches_by_rows'].items()} }")
+            f"{ {int(k): n for k, n in api['batches_by_rows'].items()} }{captured(api.get('graphs'))}")
+
+
+def captured(graphs: dict | None) -> str:
+    """CUDA graph figures where there were any (older runs did not record them; a CPU captures none)."""
+    if not graphs or not graphs["captures"]:
+        return ""
+    return (f"; graphs captured {graphs['captures']} ({graphs['capture_s']:.1f} s), workspaces dropped "
+            f"{graphs['workspace_evictions']}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -186,3 +186,25 @@ def test_a_result_names_its_commit_and_whether_the_code_had_changed(monkeypatch,
     assert report_io._commit() == f"{head}+changes"
     monkeypatch.setattr(report_io, "REPO", tmp_path / "not-a-repo")
     assert report_io._commit() is None
+
+
+def test_serve_bench_tables_say_what_graphs_cost_and_which_answers_differed(monkeypatch):
+    # The committed H200 run predates the graph figures: its table renders as it was written. A run with
+    # them (as the next GPU run will be) names captures and dropped workspaces; a CPU's zeros stay silent.
+    bench = import_bench(monkeypatch, "serve_bench.py")
+    run = BENCH / "results/nvidia-h200/2026-11-27/serve_bench.json"
+    report = json.loads(run.read_text())
+    assert bench.streams_table(report) == run.with_suffix(".md").read_text().rstrip("\n")
+    report["streams"]["scheduler"]["graphs"] = {"workspaces": 6, "workspace_evictions": 0, "captures": 84,
+                                                "capture_s": 2.5}
+    report["api"]["graphs"] = {"workspaces": 6, "workspace_evictions": 3, "captures": 90, "capture_s": 2.75}
+    table = bench.streams_table(report)
+    assert "scheduler: graphs captured 84 (2.5 s), workspaces dropped 0" in table
+    assert "graphs captured 90 (2.8 s), workspaces dropped 3" in table
+    report["api"]["graphs"]["captures"] = 0
+    assert "graphs captured 90" not in bench.streams_table(report)
+    api_only = json.loads((run.parent / "serve_bench_api.json").read_text())
+    assert bench.streams_table(api_only).startswith("API: 64 requests at once 3.7 s")
+    assert "(15 answers unlike it)" in bench.streams_table(api_only)
+    differ = bench.text_differences([Path("a.flac"), Path("b.flac")], ["x", "y"], [["x", "y"], ["x", "z"]])
+    assert differ == [{"round": 1, "together": True, "request": 1, "clip": "b.flac", "transcribe": "y", "api": "z"}]
