@@ -10,7 +10,9 @@
 #   bash bench/gpu_check.sh serve     # serve_bench: up to 64 live streams and 64 API requests (needs /tmp/models
 #                                     # and the serving wheels: FastAPI, uvicorn, websockets, openai)
 #   bash bench/gpu_check.sh serve_engines  # the same streams through the one-lock engine and fixed-length prompts
-#   bash bench/gpu_check.sh all       # all seven, in that order
+#   bash bench/gpu_check.sh stream    # stream_bench: one stream's latency and WER, off / exact, on 4 test clips
+#   bash bench/gpu_check.sh eval      # asr-eval Table 1 (baseline / exact / sigmoid, T = 1) on the test clips
+#   bash bench/gpu_check.sh all       # all nine, in that order
 #   bash bench/gpu_check.sh tests large tiny    # several stages in one call
 #
 # Measured on an H200 (2026-11-26): tests 160 s, large 80 s, tiny 52 s, batch 133 s, profile 38 s, so
@@ -113,6 +115,25 @@ run_serve_engines() {  # beside it: the old one-lock engine, and live prompts cu
         --engines scheduler+context+prompt --api-requests 0 --out "$RESULTS/serve_bench_prompt.json"
 }
 
+run_stream() {  # the streaming pipeline alone on the GPU, paced in real time (4 clips, about 40 s of speech)
+    real_models || { echo "== stream: skipped, no real pair at $MODELS" | tee -a "$SUMMARY"; return; }
+    local libri=tests/data/audio/librispeech/LibriSpeech/test-clean/1089
+    stage stream 420 python3 bench/stream_bench.py --target "$MODELS/whisper-tiny.en" \
+        --draft "$MODELS/distil-tiny.en-draft" --device cuda --threads 4 --realtime-only \
+        --clips tests/data/audio/jfk/jfk.flac "$libri/134686/1089-134686-0000.flac" \
+        "$libri/134691/1089-134691-0001.flac" tests/data/audio/ljspeech/wavs/LJ001-0001.flac \
+        --out "$RESULTS/stream_bench.json"
+}
+
+run_eval() {  # the paper's comparison on every test clip with a transcript: LibriSpeech, then LJSpeech
+    real_models || { echo "== eval: skipped, no real pair at $MODELS" | tee -a "$SUMMARY"; return; }
+    local pair=(--target "$MODELS/whisper-tiny.en" --draft "$MODELS/distil-tiny.en-draft" --device cuda --no-progress)
+    stage eval_librispeech 240 python3 -m asr_app.eval.cli --dataset librispeech \
+        --data-dir tests/data/audio/librispeech "${pair[@]}" --output-dir "$RESULTS/eval_librispeech"
+    stage eval_ljspeech 240 python3 -m asr_app.eval.cli --dataset ljspeech --data-dir tests/data/audio/ljspeech \
+        "${pair[@]}" --output-dir "$RESULTS/eval_ljspeech"
+}
+
 for what in "${@:-all}"; do
     case "$what" in
         tests) run_tests ;;
@@ -122,8 +143,11 @@ for what in "${@:-all}"; do
         batch) run_batch ;;
         serve) run_serve ;;
         serve_engines) run_serve_engines ;;
-        all) run_tests; run_large; run_profile; run_tiny; run_batch; run_serve; run_serve_engines ;;
-        *) echo "usage: bash bench/gpu_check.sh [tests|large|profile|tiny|batch|serve|serve_engines|all]..." >&2
+        stream) run_stream ;;
+        eval) run_eval ;;
+        all) run_tests; run_large; run_profile; run_tiny; run_batch; run_serve; run_serve_engines; run_stream
+             run_eval ;;
+        *) echo "usage: bash bench/gpu_check.sh [tests|large|profile|tiny|batch|serve|serve_engines|stream|eval|all]..." >&2
            exit 2 ;;
     esac
 done

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# On the device machine, after every part of bench/gpu_prepare.sh is in /root/stash: the real tiny.en pair
+# put back together in /tmp/models (whisper-tiny.en, distil-tiny.en-draft), byte for byte the shared one.
+#
+#   bash bench/gpu_join.sh [STASH] [MODELS]
+set -eu
+STASH="${1:-/root/stash}"
+MODELS="${2:-/tmp/models}"
+work=$(mktemp -d)
+cat "$STASH"/pair.tar.* | tar xf - -C "$work"
+# the draft's tokenizer is the target's, byte for byte: it travels once
+[ -f "$work/halves/part2/d/tokenizer.json" ] || cp "$work/halves/part2/t/tokenizer.json" "$work/halves/part2/d/"
+python3 "$work/halves/part2/pack_tiny_pair.py" join "$work/halves/part1" "$work/halves/part2" "$MODELS"
+rm -rf "$work"
