@@ -39,6 +39,7 @@ import numpy as np
 
 from asr_app.decoding.options import DecodingOptions, DecodingResult, DecodingStats
 from asr_app.decoding.seeds import batch_options
+from asr_app.decoding.workspaces import WorkspaceStats, keep_workspaces, workspace_stats
 
 log = logging.getLogger(__name__)
 
@@ -209,9 +210,12 @@ class SchedulerMetrics:
     trims: int = 0       # times freed memory was given back to the system after an idle spell
     gathers: int = 0     # batches that waited for more file rows arriving (SchedulerOptions.gather_s)
     gather_s: float = 0.0  # the time they waited, in all
-    # Where steps are captured (a GPU): workspaces held, dropped to make room, and graph captures made
+    # Where steps are captured (a GPU): workspaces held and the rows they have room for, workspaces and graphs
+    # dropped to make room, graph captures made (decoding/workspaces.py)
     workspaces: int = 0
+    workspace_rows: int = 0
     workspace_evictions: int = 0
+    graph_evictions: int = 0
     graph_captures: int = 0
     graph_capture_s: float = 0.0
 
@@ -219,10 +223,11 @@ class SchedulerMetrics:
     def acceptance_rate(self) -> float | None:
         return self.accepted / self.drafted if self.drafted else None
 
-    def note_workspaces(self, stats) -> None:
-        """The decoder's `WorkspaceStats` after a batch (None: a decoder without workspaces)."""
+    def note_workspaces(self, stats: WorkspaceStats | None) -> None:
+        """The decoder's workspace figures after a batch (None: a decoder without workspaces)."""
         if stats is not None:
-            self.workspaces, self.workspace_evictions = stats.workspaces, stats.evictions
+            self.workspaces, self.workspace_rows = stats.workspaces, stats.rows
+            self.workspace_evictions, self.graph_evictions = stats.evictions, stats.graph_evictions
             self.graph_captures, self.graph_capture_s = stats.captures, stats.capture_s
 
     def count_batch(self, clips: Sequence[np.ndarray], outcomes: Sequence, seconds: float) -> None:
@@ -248,9 +253,8 @@ class Scheduler:
         self.options = options
         cuda = getattr(getattr(decoder.pair, "device", None), "type", "cpu") == "cuda"
         self._max_rows = options.max_rows or (32 if cuda else 8)
-        keep_workspaces = getattr(decoder, "keep_workspaces", None)
-        if keep_workspaces is not None:   # room for every batch size it forms, with drafts and without
-            keep_workspaces(2 * len(BatchSizer(self._max_rows).sizes))
+        # room for every batch size it forms, with drafts and without: none is recaptured in turn
+        keep_workspaces(decoder, 2 * len(BatchSizer(self._max_rows).sizes))
         self._sizers: dict[str, BatchSizer] = {}   # cost class -> its sizer
         self._queue: list[_Request] = []
         self._cond = threading.Condition()
@@ -327,7 +331,8 @@ class Scheduler:
                 queue_depth=len(self._queue), batches=m.batches, rows=m.rows,
                 rows_per_batch=dict(m.rows_per_batch), failed=m.failed, busy_s=m.busy_s, audio_s=m.audio_s,
                 drafted=m.drafted, accepted=m.accepted, trims=m.trims, gathers=m.gathers, gather_s=m.gather_s,
-                workspaces=m.workspaces, workspace_evictions=m.workspace_evictions,
+                workspaces=m.workspaces, workspace_rows=m.workspace_rows,
+                workspace_evictions=m.workspace_evictions, graph_evictions=m.graph_evictions,
                 graph_captures=m.graph_captures, graph_capture_s=m.graph_capture_s,
                 latencies=self._latencies.snapshot(),
                 sizer={kind: sizer.snapshot() for kind, sizer in sorted(self._sizers.items())})
@@ -362,6 +367,7 @@ class Scheduler:
                         return
                     else:
                         self._gather()
+                        self._drop_cancelled()
                         if not self._queue or self._held or self._closed:   # changed while it waited
                             continue
                         batch = self._take_batch()
@@ -415,6 +421,11 @@ class Scheduler:
         callers = (first_session != last_session and first_session and last_session) or not earlier.done()
         return last + window if last - first <= window and callers else 0.0
 
+    def _drop_cancelled(self) -> None:
+        """Called under the lock: requests whose callers cancelled their futures leave the queue before a
+        batch is sized, so the batch keeps the size chosen (a workspace per size, docs/serving.md)."""
+        self._queue = [r for r in self._queue if not r.future.cancelled()]
+
     def _candidates(self) -> list[_Request]:
         """Called under the lock: the requests that can join the next batch, its head first."""
         def rank(r: _Request) -> tuple:
@@ -451,15 +462,19 @@ class Scheduler:
         batch = [r for r in batch if r.future.set_running_or_notify_cancel()]
         if not batch:
             return
+        before = workspace_stats(self.decoder)
         started = time.perf_counter()
         outcomes, together = self._outcomes(batch)
         elapsed = time.perf_counter() - started
         now = time.monotonic()
-        workspaces = workspace_stats(self.decoder)
+        after = workspace_stats(self.decoder)
+        # One-time work (captures) is left out of the batch's cost only while nothing was dropped: what comes
+        # back after a drop is captured again, a cost of batching at these sizes the sizer must see.
+        one_time_s = _one_time_s(outcomes) if before is None or after.dropped == before.dropped else 0.0
         with self._cond:   # metrics() copies the sizers' costs under this lock
-            self._metrics.note_workspaces(workspaces)
+            self._metrics.note_workspaces(after)
             if together:   # a batch redone row by row after a failure says nothing of what a batch costs
-                self.sizer(cost_class(batch[0])).record(len(batch), max(0.0, elapsed - _one_time_s(outcomes)),
+                self.sizer(cost_class(batch[0])).record(len(batch), max(0.0, elapsed - one_time_s),
                                                         *_loop_figures(outcomes))
             self._metrics.count_batch([r.clip for r in batch], outcomes, elapsed)
             for request in batch:
@@ -488,13 +503,6 @@ class Scheduler:
             except Exception as exc:  # noqa: BLE001
                 outcomes.append(exc)
         return outcomes, False
-
-
-def workspace_stats(decoder):
-    """The decoder's workspace figures (`SpeculativeDecoder.workspace_stats`), read on the thread that
-    decodes; None for a decoder without them."""
-    stats = getattr(decoder, "workspace_stats", None)
-    return stats() if stats is not None else None
 
 
 def cost_class(request: _Request) -> str:

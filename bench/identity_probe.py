@@ -51,7 +51,8 @@ def compare(decoder: SpeculativeDecoder, reference: list[list[int]], other: list
 def probe_dtype(args, clips: list, dtype: str) -> dict:
     pair = load_pair(target=str(args.models / "whisper-tiny.en"), draft=str(args.models / "distil-tiny.en-draft"),
                      device=args.device, dtype=dtype)
-    decoder = SpeculativeDecoder(pair, runtime=RuntimeOptions(max_workspaces=2 * len(args.batch) + 2))
+    # every batch size and the remainders of the clips' split, with drafts and without: none dropped
+    decoder = SpeculativeDecoder(pair, runtime=RuntimeOptions(max_workspaces=64))
     decode_all(decoder, clips[:2], "exact", 1)  # warm-up: step costs measured, kernels made
     reference = decode_all(decoder, clips, "off", 1)
     ways = {"off alone again": ("off", 1), "exact alone": ("exact", 1)}
@@ -66,7 +67,7 @@ def probe_dtype(args, clips: list, dtype: str) -> dict:
 
 
 def repeat_transcribe(args, path: Path, dtype: str) -> dict:
-    """`transcribe()` of one file `args.repeats` times per (mode, gamma): how many distinct texts each gives.
+    """`transcribe()` of one file `args.repeats` times per (mode, gamma): the texts each gave, and how often.
     The cost policy picks gammas from timings, so a near-tie the target's fp16 rounding decides differently
     at width 1 and width gamma + 1 can go either way from one run to the next; a fixed gamma cannot."""
     from asr_app.longform import transcribe
@@ -74,7 +75,7 @@ def repeat_transcribe(args, path: Path, dtype: str) -> dict:
     pair = load_pair(target=str(args.models / "whisper-tiny.en"), draft=str(args.models / "distil-tiny.en-draft"),
                      device=args.device, dtype=dtype)
     texts = {}
-    for mode, gamma in (("off", None), ("exact", None), ("exact", 4)):
+    for mode, gamma in (("off", None), ("exact", None), *(("exact", g) for g in args.repeat_gammas)):
         decoder = SpeculativeDecoder(pair, DecodingOptions(mode=mode, gamma=gamma))
         counts = collections.Counter(transcribe(decoder, path).text for _ in range(args.repeats))
         texts[f"{mode} gamma {gamma or 'cost'}"] = dict(counts)
@@ -109,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat-clip", type=Path, default=None,
                         help="also transcribe() this file --repeats times per dtype, mode and gamma")
     parser.add_argument("--repeats", type=int, default=12)
+    parser.add_argument("--repeat-gammas", type=int, nargs="*", default=[1, 2, 4, 8],
+                        help="fixed gammas whose repeated transcripts are compared too")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

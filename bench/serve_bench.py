@@ -230,26 +230,32 @@ def bench_streams(decoder, streaming, counts: list[int], engines: list[str], con
               flush=True)
         rows = {}
         for n in counts:
+            before = engine.scheduler.metrics()
             results = run_streams(host, clips[:n])
             rows[n] = summarise(results, [t for _, t in clips[:n]], alone_wer[:n], offline_wer[:n])
-            rows[n]["graphs"] = graph_figures(engine.scheduler.metrics())   # so far, by the end of this N
+            rows[n]["graphs"] = graph_figures(engine.scheduler.metrics(), before)   # made while N streamed
             print(f"{name:18s} N={n}: p50 {rows[n]['p50_s']:.2f} s, p90 {rows[n]['p90_s']:.2f} s, "
                   f"max {rows[n]['max_s']:.2f} s, WER-alone max {rows[n]['wer_minus_alone_max']:+.3f}, "
                   f"WER-offline max {rows[n]['wer_minus_offline_max']:+.3f}", flush=True)
         metrics = engine.scheduler.metrics()
         report[name] = {"alone_wer": alone_wer, "alone": alone_lat, "streams": rows,
                         "batches_by_rows": metrics.rows_per_batch, "sizer_s_per_row": metrics.sizer,
-                        "graphs": graph_figures(metrics)}
+                        "graphs": graph_figures(metrics)}   # the whole run: warm-up and clips alone too
         server.should_exit = True
         engine.scheduler.close()
     return report
 
 
-def graph_figures(metrics) -> dict:
-    """Where steps are captured (a GPU): workspaces held and dropped, graphs captured and their seconds, so
-    far. All zero on a CPU."""
-    return {"workspaces": metrics.workspaces, "workspace_evictions": metrics.workspace_evictions,
-            "captures": metrics.graph_captures, "capture_s": metrics.graph_capture_s}
+def graph_figures(after, before=None) -> dict:
+    """Where steps are captured (a GPU): workspaces held at the end, and the workspaces and graphs dropped,
+    graphs captured and their seconds between `before` and `after` (scheduler metrics; since the start
+    without `before`). All zero on a CPU."""
+    def made(name: str) -> float:
+        return getattr(after, name) - (getattr(before, name) if before is not None else 0)
+
+    return {"workspaces": after.workspaces, "workspace_evictions": made("workspace_evictions"),
+            "graph_evictions": made("graph_evictions"), "captures": made("graph_captures"),
+            "capture_s": made("graph_capture_s")}
 
 
 def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False, rounds: int = 1) -> dict:
@@ -270,6 +276,7 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
             return api.audio.transcriptions.create(model="whisper-1", file=f).text
 
     send(paths[0])  # warm-up
+    start = engine.scheduler.metrics()
     seq_times, conc_times, rounds_texts = [], [], []
     batches: collections.Counter = collections.Counter()   # the concurrent rounds' batches, by rows
     gathers, gather_s = 0, 0.0
@@ -296,7 +303,7 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
            "differ_from_transcribe": text_differences(paths, offline, rounds_texts),
            "batches_by_rows": batches, "sizer_s_per_row": after.sizer, "sequential_rounds_s": seq_times,
            "concurrent_rounds_s": conc_times, "round_ratios": [c / s for c, s in zip(conc_times, seq_times)],
-           "gathers": gathers, "gather_s": gather_s, "graphs": graph_figures(after)}
+           "gathers": gathers, "gather_s": gather_s, "graphs": graph_figures(after, start)}   # every round's
     print(f"API x{len(paths)}: one at a time {sequential_s:.1f} s, together {concurrent_s:.1f} s "
           f"({row['ratio']:.2f}x; rounds {', '.join(f'{r:.2f}' for r in row['round_ratios'])}); identical to "
           f"transcribe(): {row['identical_to_transcribe']}; batches {batches}")
@@ -363,7 +370,7 @@ def captured(graphs: dict | None) -> str:
     if not graphs or not graphs["captures"]:
         return ""
     return (f"; graphs captured {graphs['captures']} ({graphs['capture_s']:.1f} s), workspaces dropped "
-            f"{graphs['workspace_evictions']}")
+            f"{graphs['workspace_evictions']}, graphs dropped {graphs.get('graph_evictions', 0)}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -195,12 +195,12 @@ def test_serve_bench_tables_say_what_graphs_cost_and_which_answers_differed(monk
     run = BENCH / "results/nvidia-h200/2026-11-27/serve_bench.json"
     report = json.loads(run.read_text())
     assert bench.streams_table(report) == run.with_suffix(".md").read_text().rstrip("\n")
-    report["streams"]["scheduler"]["graphs"] = {"workspaces": 6, "workspace_evictions": 0, "captures": 84,
-                                                "capture_s": 2.5}
+    report["streams"]["scheduler"]["graphs"] = {"workspaces": 6, "workspace_evictions": 0, "graph_evictions": 0,
+                                                "captures": 84, "capture_s": 2.5}
     report["api"]["graphs"] = {"workspaces": 6, "workspace_evictions": 3, "captures": 90, "capture_s": 2.75}
     table = bench.streams_table(report)
-    assert "scheduler: graphs captured 84 (2.5 s), workspaces dropped 0" in table
-    assert "graphs captured 90 (2.8 s), workspaces dropped 3" in table
+    assert "scheduler: graphs captured 84 (2.5 s), workspaces dropped 0, graphs dropped 0" in table
+    assert "graphs captured 90 (2.8 s), workspaces dropped 3, graphs dropped 0" in table
     report["api"]["graphs"]["captures"] = 0
     assert "graphs captured 90" not in bench.streams_table(report)
     api_only = json.loads((run.parent / "serve_bench_api.json").read_text())
@@ -208,3 +208,32 @@ def test_serve_bench_tables_say_what_graphs_cost_and_which_answers_differed(monk
     assert "(15 answers unlike it)" in bench.streams_table(api_only)
     differ = bench.text_differences([Path("a.flac"), Path("b.flac")], ["x", "y"], [["x", "y"], ["x", "z"]])
     assert differ == [{"round": 1, "together": True, "request": 1, "clip": "b.flac", "transcribe": "y", "api": "z"}]
+    from asr_app.scheduler import SchedulerMetrics
+    before = SchedulerMetrics(workspaces=2, workspace_evictions=1, graph_captures=10, graph_capture_s=1.0)
+    after = SchedulerMetrics(workspaces=3, workspace_evictions=1, graph_evictions=2, graph_captures=16,
+                             graph_capture_s=1.5)
+    assert bench.graph_figures(after, before) == {"workspaces": 3, "workspace_evictions": 0, "graph_evictions": 2,
+                                                  "captures": 6, "capture_s": 0.5}
+    assert bench.graph_figures(after)["captures"] == 16
+
+
+def test_identity_probe_finds_no_difference_in_fp32_on_the_cpu(tmp_path, monkeypatch, one_torch_thread):
+    # Alone, again, in exact and in a batch, and transcribe() repeated at the cost policy's and a fixed gamma:
+    # in fp32 on a CPU every way gives the reference tokens (a GPU in fp16 may part at near ties).
+    from conftest import AUDIO_DIR, JFK_FLAC, MODELS_DIR
+
+    probe = import_bench(monkeypatch, "identity_probe.py")
+    out = tmp_path / "identity_probe.json"
+    probe.main(["--models", str(MODELS_DIR), "--audio", str(AUDIO_DIR), "--clips", "2", "--batch", "2",
+                "--threads", "1", "--repeat-clip", str(JFK_FLAC), "--repeats", "2", "--repeat-gammas", "2",
+                "--out", str(out)])
+    report = json.loads(out.read_text())
+    ways = report["dtypes"]["float32"]
+    assert set(ways) == {"off alone again", "exact alone", "off batch 2", "exact batch 2"}
+    assert all(way["differ"] == 0 and way["clips"] == 2 for way in ways.values())
+    repeated = report["repeated"]["float32"]
+    assert set(repeated) == {"off gamma cost", "exact gamma cost", "exact gamma 2"}
+    texts = {text for counts in repeated.values() for text in counts}
+    assert len(texts) == 1 and all(list(counts.values()) == [2] for counts in repeated.values())
+    assert "And so my fellow Americans" in texts.pop()
+    assert "exact gamma 2: 2x" in out.with_suffix(".md").read_text()

@@ -12,6 +12,7 @@ import torch
 from test_decoding_greedy import make_pair, perturbed_copy, processor, tiny_target  # noqa: F401
 
 from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
+from asr_app.decoding.workspaces import DEFAULT_WORKSPACES
 from asr_app.runtime.graphs import DEFAULT_MAX_GRAPHS, BakedValueError, StepRunner
 
 SOURCE_POSITIONS = 25  # a 50-frame window: the encoder costs nothing
@@ -106,7 +107,7 @@ def test_a_pool_with_room_for_every_batch_size_captures_each_once(tiny_pair):
         return figures
 
     tight_first, tight_second = rounds(decoder(tiny_pair, "emulate"))
-    assert tight_first.max_workspaces == RuntimeOptions().max_workspaces < len(sizes)
+    assert tight_first.max_workspaces == DEFAULT_WORKSPACES < len(sizes) and RuntimeOptions().max_workspaces is None
     assert tight_second.evictions > tight_first.evictions > 0 and tight_second.captures > tight_first.captures
     roomy = decoder(tiny_pair, "emulate")
     roomy.keep_workspaces(len(sizes))
@@ -131,6 +132,13 @@ def test_the_workspace_pool_counts_what_it_drops():
     assert list(pool) == [(1, True), (4, False)] and len(pool) == 2
     stats = pool.stats()
     assert (stats.workspaces, stats.rows, stats.evictions, stats.captures) == (2, 5, 1, 3)
+    with pytest.raises(ValueError, match="held already"):   # replacing one would lose its figures
+        pool.add((1, True), Workspace(None, None, StepRunner("emulate", 8)))
+    fixed = WorkspacePool(2)
+    fixed.keep(12)   # a bound the user set stays
+    auto = WorkspacePool()
+    auto.keep(12)
+    assert (fixed.max_workspaces, auto.max_workspaces) == (2, 12)
     with pytest.raises(ValueError, match="max_workspaces"):
         WorkspacePool(0)
     with pytest.raises(ValueError, match="max_workspaces"):
@@ -167,7 +175,7 @@ def test_a_long_mixed_run_keeps_each_workspace_within_its_bound(tiny_pair):
         assert got == [r.tokens for r in reference.decode_features(features(batch), opts)], (batch, mode, gamma)
         stats = [ws.runner.stats() for ws in bounded._workspaces.values()]
         assert all(s.graphs <= bound == s.max_graphs for s in stats)
-        assert len(stats) <= bounded.runtime.max_workspaces  # workspaces: per batch size, draft or not
+        assert len(stats) <= bounded.workspace_stats().max_workspaces  # per batch size, draft or not
         evictions += sum(s.evictions for s in stats)
     assert evictions > 0  # the bound was reached, and held
     assert max(ws.runner.stats().graphs for ws in unbounded._workspaces.values()) > bound

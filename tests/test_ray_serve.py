@@ -194,11 +194,18 @@ def test_scaling_options_are_checked():
 
 def test_metrics_of_replicas_add_up_and_a_silent_replica_leaves_the_queue():
     a = SchedulerMetrics(queue_depth=3, batches=2, rows=5, rows_per_batch={1: 1, 4: 1}, busy_s=1.0, audio_s=10.0,
-                         drafted=10, accepted=7, latencies={"live": [0.1], "file": []})
+                         drafted=10, accepted=7, latencies={"live": [0.1], "file": []}, gathers=1, gather_s=0.5,
+                         workspaces=2, workspace_rows=5, workspace_evictions=1, graph_evictions=2,
+                         graph_captures=30, graph_capture_s=1.5)
     b = SchedulerMetrics(queue_depth=4, batches=1, rows=1, rows_per_batch={1: 1}, busy_s=0.5, audio_s=2.0,
-                         drafted=4, accepted=1, latencies={"live": [0.3], "file": [2.0]})
+                         drafted=4, accepted=1, latencies={"live": [0.3], "file": [2.0]}, gathers=2, gather_s=0.25,
+                         workspaces=3, workspace_rows=7, workspace_evictions=4, graph_evictions=8,
+                         graph_captures=50, graph_capture_s=2.5)
     merged = merge_metrics({"a": (100.0, 1, a), "b": (90.0, 2, b)}, now=101.0)
     assert merged.queue_depth == 3   # b published 11 s ago: gone, its queue with it; its totals stay
+    assert (merged.workspaces, merged.workspace_rows) == (2, 5)   # held now: the live replicas' only
+    assert (merged.workspace_evictions, merged.graph_evictions, merged.graph_captures) == (5, 10, 80)
+    assert (merged.gathers, merged.graph_capture_s, merged.gather_s) == (3, 4.0, 0.75)
     assert (merged.batches, merged.rows, merged.rows_per_batch) == (3, 6, {1: 2, 4: 1})
     assert (merged.drafted, merged.accepted, merged.audio_s) == (14, 8, 12.0)
     assert sorted(merged.latencies["live"]) == [0.1, 0.3] and merged.latencies["file"] == [2.0]

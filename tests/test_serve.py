@@ -163,12 +163,17 @@ def test_concurrent_requests_share_batches_and_match_one_at_a_time(service):
     ("notes.txt", b"hello, this is not audio", 400, "not an audio file"),
     ("long.wav", wav_bytes(np.zeros(8_000 * 90, np.int16), 8_000), 413, "90 s of audio; at most 60 s"),
     ("big.wav", wav_bytes(np.zeros(16_000 * 120, np.int16), 16_000), 413, "MB"),
+    # past the bound with the form's overhead: refused by its Content-Length before the app reads it
+    ("huge.wav", wav_bytes(np.zeros(16_000 * 140, np.int16), 16_000), 413, "larger than"),
 ])
 def test_bad_uploads_get_a_clear_4xx_and_the_server_goes_on(service, name, body, status, phrase):
     url, folder, _ = service
+    refused = 'asr_http_responses_total{status="4xx"}'
+    before = metrics(url).get(refused, 0)
     with pytest.raises(openai.APIStatusError) as caught:
         client(url).audio.transcriptions.create(model="whisper-1", file=(name, body))
     assert caught.value.status_code == status, caught.value.message
+    assert metrics(url)[refused] == before + 1   # counted, the body-size refusal before the app included
     message = caught.value.body["message"]
     if phrase:
         assert phrase in message, message

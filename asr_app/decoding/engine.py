@@ -313,8 +313,9 @@ class SpeculativeDecoder:
         return torch.cat([draft_hidden[:, :frames], draft_hidden[:, total - DRAFT_END_FRAMES:]], dim=1)
 
     def keep_workspaces(self, count: int) -> None:
-        """Keep at least `count` batch sizes' workspaces (and their graphs) between decodes: a scheduler
-        that forms batches of n sizes asks for room for them, so none is recaptured in turn."""
+        """Keep at least `count` workspaces (batch size, drafts or not; their caches and graphs) between
+        decodes, unless `RuntimeOptions.max_workspaces` fixed the bound: a scheduler that forms batches of n
+        sizes asks for room for them, so none is recaptured in turn."""
         self._workspaces.keep(count)
 
     def workspace_stats(self) -> WorkspaceStats:
@@ -324,8 +325,8 @@ class SpeculativeDecoder:
 
     def _workspace(self, encoder_hidden: torch.Tensor, draft_hidden: torch.Tensor | None) -> Workspace:
         """Decoder states for this window. Eagerly new ones; with graphs one persistent workspace per
-        (batch size, draft or not), refilled in place, since captured steps read those very tensors. Beyond
-        `max_workspaces` the least recently used goes, with its graphs (a server's common batch sizes stay)."""
+        (batch size, draft or not), refilled in place, since captured steps read those very tensors
+        (decoding/workspaces.py: the least recently used goes beyond the pool's bound)."""
         batch = encoder_hidden.shape[0]
         if self.graph_mode == "eager":
             return Workspace(self.target_runtime.new_state(encoder_hidden),

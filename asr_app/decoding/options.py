@@ -62,7 +62,9 @@ class RuntimeOptions:
 
     draft_vocab: int | None = DEFAULT_DRAFT_VOCAB  # token ids the draft's output head scores; None: all
     cuda_graphs: GraphSetting = "auto"   # auto: captured steps on a GPU, eager elsewhere; emulate: for tests
-    max_workspaces: int = 4              # batch sizes whose caches and graphs stay allocated (graphs only)
+    # Batch sizes (with drafts or without) whose caches and graphs stay allocated, graphs only. None: 4, raised
+    # by a scheduler to the sizes it forms; a number: that bound, always (each holds its rows' caches).
+    max_workspaces: int | None = None
     # Captured steps each workspace keeps (graphs only; the least recently used goes to make room): keys
     # multiply by batch x gamma x mode x temperature x timestamps. runtime.graphs.DEFAULT_MAX_GRAPHS.
     max_graphs: int = 128
@@ -105,7 +107,7 @@ class RuntimeOptions:
             raise ValueError(f"draft_audio_margin_s must be >= 0 seconds or None, got {self.draft_audio_margin_s}")
         if self.max_graphs < 1:
             raise ValueError(f"max_graphs must be >= 1, got {self.max_graphs}")
-        if self.max_workspaces < 1:
+        if self.max_workspaces is not None and self.max_workspaces < 1:
             raise ValueError(f"max_workspaces must be >= 1, got {self.max_workspaces}")
         if self.draft_vocab is not None and self.draft_vocab < 1:
             raise ValueError(f"draft_vocab must be a positive token count or None, got {self.draft_vocab}")

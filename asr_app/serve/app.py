@@ -29,8 +29,9 @@ class BodyLimit:
     counting the bytes of a body sent without one (chunked), so a client cannot make the server spool
     more than the limit to disk."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, answers: dict[str, int] | None = None) -> None:
         self.app, self.max_bytes = app, max_bytes
+        self.answers = answers if answers is not None else {}   # /metrics' count: this layer answers first
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(UPLOAD_PATHS):
@@ -53,6 +54,7 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
     async def _refuse(self, send: Send) -> None:
+        self.answers["4xx"] = self.answers.get("4xx", 0) + 1
         response = error_response(413, f"the upload is larger than the {self.max_bytes / 1e6:.0f} MB accepted")
         await response(scope={"type": "http"}, receive=None, send=send)  # type: ignore[arg-type]
 
@@ -72,7 +74,8 @@ def build_app(engine: UiEngine, access: AccessSettings = AccessSettings(), mount
     if access.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(access.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
-    app.add_middleware(BodyLimit, max_bytes=int(engine.limits.max_upload_mb * 1e6) + FORM_OVERHEAD_BYTES)
+    app.add_middleware(BodyLimit, max_bytes=int(engine.limits.max_upload_mb * 1e6) + FORM_OVERHEAD_BYTES,
+                       answers=answers)
 
     @app.get("/health")
     def health() -> dict:

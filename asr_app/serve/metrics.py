@@ -40,10 +40,14 @@ class SchedulerCollector:
                                   m.gathers)
         yield CounterMetricFamily("asr_batch_gather_seconds", "Seconds batches waited for more file rows",
                                   m.gather_s)
-        yield GaugeMetricFamily("asr_workspaces", "Batch sizes whose decoder states and graphs are held",
-                                m.workspaces)
+        yield GaugeMetricFamily("asr_workspaces", "Decoder workspaces held (one per batch size, with drafts or "
+                                "without; their caches and CUDA graphs)", m.workspaces)
+        yield GaugeMetricFamily("asr_workspace_rows", "Batch rows the held workspaces' caches have room for",
+                                m.workspace_rows)
         yield CounterMetricFamily("asr_workspace_evictions", "Workspaces dropped to make room for another "
                                   "batch size", m.workspace_evictions)
+        yield CounterMetricFamily("asr_graph_evictions", "CUDA graphs dropped inside a workspace to make room",
+                                  m.graph_evictions)
         yield CounterMetricFamily("asr_graph_captures", "Decoding steps captured as CUDA graphs", m.graph_captures)
         yield CounterMetricFamily("asr_graph_capture_seconds", "Seconds spent capturing CUDA graphs",
                                   m.graph_capture_s)

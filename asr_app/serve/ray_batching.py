@@ -19,7 +19,8 @@ from typing import Any
 from ray import serve
 
 from asr_app.decoding.seeds import batch_options
-from asr_app.scheduler import RecentLatencies, SchedulerMetrics, SchedulerOptions, workspace_stats
+from asr_app.decoding.workspaces import keep_workspaces, workspace_stats
+from asr_app.scheduler import RecentLatencies, SchedulerMetrics, SchedulerOptions
 from asr_app.serve.ray_engine import publish_metrics
 
 MAX_BATCH = 8
@@ -31,9 +32,7 @@ class ServeBatchedReplica:
         from asr_app.arguments import decoder_from_args
 
         self.decoder = decoder_from_args(model_args)
-        keep_workspaces = getattr(self.decoder, "keep_workspaces", None)
-        if keep_workspaces is not None:   # Serve's batches take any size up to MAX_BATCH, with drafts or not
-            keep_workspaces(2 * MAX_BATCH)
+        keep_workspaces(self.decoder, 2 * MAX_BATCH)   # Serve's batches: any size up to MAX_BATCH, drafts or not
         self._start_figures()
         if board is not None:
             publish_metrics(board, self.snapshot)
@@ -77,10 +76,10 @@ class ServeBatchedReplica:
                                               prompts=[rows[i][2] for i in members], hints=[rows[i][3] for i in members])
             except Exception as exc:  # noqa: BLE001 - the group's calls get the error
                 results = [exc] * len(members)
-            workspaces = workspace_stats(self.decoder)
+            stats = workspace_stats(self.decoder)
             with self._lock:
                 self.figures.count_batch([rows[i][0] for i in members], results, time.perf_counter() - started)
-                self.figures.note_workspaces(workspaces)
+                self.figures.note_workspaces(stats)
             for i, result in zip(members, results):
                 outcomes[i] = result
         return outcomes

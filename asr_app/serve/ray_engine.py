@@ -129,12 +129,14 @@ class MetricsBoard:
 
 
 def merge_metrics(boards: dict[str, tuple[float, int, SchedulerMetrics]], now: float) -> SchedulerMetrics:
-    """The sum over replicas: totals from every replica that ever published, queues from the live ones."""
+    """The sum over replicas: totals from every replica that ever published; queues and what is held now
+    (workspaces and their rows) from the live ones."""
     total = SchedulerMetrics()
     for seen, _pid, m in boards.values():
         if now - seen <= FRESH_S:
             total.queue_depth += m.queue_depth
             total.workspaces += m.workspaces
+            total.workspace_rows += m.workspace_rows
         total.batches += m.batches
         total.rows += m.rows
         total.failed += m.failed
@@ -146,6 +148,7 @@ def merge_metrics(boards: dict[str, tuple[float, int, SchedulerMetrics]], now: f
         total.gathers += m.gathers
         total.gather_s += m.gather_s
         total.workspace_evictions += m.workspace_evictions
+        total.graph_evictions += m.graph_evictions
         total.graph_captures += m.graph_captures
         total.graph_capture_s += m.graph_capture_s
         for size, count in m.rows_per_batch.items():
