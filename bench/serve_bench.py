@@ -199,14 +199,18 @@ def make_engine(name: str, decoder, streaming, context_s: float, sessions: int):
 
     from asr_app.limits import ServiceLimits
     from asr_app.scheduler import Scheduler
+    from asr_app.serve.cli import warm_up
     from asr_app.ui.engine import UiEngine
     scheduler = LockScheduler(decoder) if name == "lock" else Scheduler(decoder)
     context = context_s if "+context" in name else None
     if "+prompt" in name:
         streaming = replace(streaming, prompt_tokens=PROMPT_TOKENS)
     limits = ServiceLimits(max_sessions=max(sessions, ServiceLimits().max_sessions))
-    engine = UiEngine.from_decoder(decoder, streaming, limits)
-    return engine.sharing(scheduler=scheduler, live_encoder_context_s=context)
+    engine = UiEngine.from_decoder(decoder, streaming, limits).sharing(scheduler=scheduler,
+                                                                       live_encoder_context_s=context)
+    if name != "lock":
+        warm_up(engine, "exact")   # as asr-serve does before serving (a GPU only; nothing on a CPU)
+    return engine
 
 
 def bench_streams(decoder, streaming, counts: list[int], engines: list[str], context_s: float,
@@ -265,9 +269,11 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
 
     from asr_app.longform import transcribe
     from asr_app.scheduler import Scheduler
+    from asr_app.serve.cli import warm_up
     from asr_app.ui.engine import UiEngine
     paths = repeat([p for p, _ in clip_pool(count, root)], count, cycle)
     engine = UiEngine.from_decoder(decoder).sharing(scheduler=Scheduler(decoder))
+    warm_up(engine, "exact")
     host, server = start_server(engine)
     api = openai.OpenAI(base_url=f"http://{host}/v1", api_key="none", max_retries=0, timeout=600)
 

@@ -434,3 +434,37 @@ def test_the_scheduler_keeps_room_for_its_batch_sizes_and_reports_graph_captures
         assert (eager.metrics().workspaces, eager.metrics().graph_captures) == (0, 0)
     finally:
         eager.close()
+
+
+def test_warm_up_captures_every_batch_size_before_serving(tiny_en_pair, one_torch_thread):
+    # asr-serve on a GPU decodes the sample at every size it forms before the first request: a request then
+    # finds its workspace and steps captured (emulated here; costs pinned, so the same clip picks the same
+    # widths). Eager steps (a CPU) have nothing to capture; a fixed bound gets only the sizes it has room for.
+    from asr_app.decoding import RuntimeOptions
+
+    clip = _clip("LJ001-0001")[: 4 * 16_000]
+    opts = DecodingOptions(mode="exact", max_new_tokens=8, timestamps=True)
+    emulated = SpeculativeDecoder(tiny_en_pair, opts, runtime=RuntimeOptions(cuda_graphs="emulate"))
+    scheduler = Scheduler(emulated, SchedulerOptions(max_rows=4))
+    try:
+        assert scheduler.warm_up(clip, [opts]) == 3   # 1, 2 and 4 rows
+        warmed = emulated.workspace_stats()
+        assert (warmed.workspaces, warmed.rows) == (3, 7) and warmed.captures > 0
+        assert scheduler.metrics().graph_captures == warmed.captures
+        scheduler.submit(clip, opts).result(timeout=120)
+        assert emulated.workspace_stats().captures == warmed.captures   # nothing left to capture
+        with pytest.raises(RuntimeError, match="not served yet"):
+            scheduler.warm_up(clip, [opts])
+    finally:
+        scheduler.close()
+    tight = SpeculativeDecoder(tiny_en_pair, opts, runtime=RuntimeOptions(cuda_graphs="emulate", max_workspaces=2))
+    small = Scheduler(tight, SchedulerOptions(max_rows=4))
+    try:
+        assert small.warm_up(clip, [opts]) == 2 and tight.workspace_stats().evictions == 0
+    finally:
+        small.close()
+    eager = Scheduler(SpeculativeDecoder(tiny_en_pair, opts))
+    try:
+        assert eager.warm_up(clip, [opts]) == 0
+    finally:
+        eager.close()

@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "window (less work per re-decode on a CPU; a decode that loops is redone over the "
                              "whole window; docs/serving.md). Default: the whole window")
     parser.add_argument("--no-ui", action="store_true", help="serve the API only, without the web app at /")
+    parser.add_argument("--no-warm-up", action="store_true",
+                        help="on a GPU, skip decoding the bundled sample at every batch size before serving (the "
+                             "first requests at each size then wait for its CUDA graphs to be captured)")
     scale = parser.add_argument_group("scaling out (docs/scale.md)")
     scale.add_argument("--engine", choices=("local", "ray"), default="local",
                        help="local: one process, one model pair (default); ray: on Ray Serve, the decoder as "
@@ -141,6 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     engine = UiEngine.from_decoder(decoder, limits=limits).sharing(schedule=schedule,
                                                                    live_encoder_context_s=args.live_encoder_context)
+    if not args.no_warm_up:
+        warm_up(engine, args.mode)
     app = build_app(engine, access, mount_ui=not args.no_ui)
     print(f"models loaded: {engine.describe()}; serving on http://{args.host}:{args.port}", flush=True)
     try:
@@ -148,6 +153,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         engine.scheduler.close()
     return 0
+
+
+def warm_up(engine, mode: str) -> None:
+    """Capture every batch size's steps before the first request where steps are captured (a GPU): the
+    bundled sample, greedy in the service's mode with timestamps, as API windows and live re-decodes are."""
+    import time
+    from pathlib import Path
+
+    from asr_app.audio import load_audio
+
+    started = time.perf_counter()
+    sample = load_audio(Path(__file__).resolve().parents[1] / "samples" / "sample.flac")
+    made = engine.scheduler.warm_up(sample, [engine.options(mode, 0.0, timestamps=True)])
+    if made:
+        print(f"warmed up: {made} batch sizes decoded in {time.perf_counter() - started:.1f} s", flush=True)
 
 
 def serve_on_ray(args: argparse.Namespace, options, settings: dict) -> int:
