@@ -180,3 +180,24 @@ def test_long_form_words_are_absolute_and_follow_their_segments(decoder):
         assert all(segment.start - 0.5 <= w.start <= segment.end + 0.5 for w in segment.words), segment
     starts = [w.start for s in result.segments for w in s.words]
     assert starts == sorted(starts) and starts[-1] > 30.0
+
+
+def test_dtw_breaks_ties_diagonal_first_then_next_token_then_next_frame():
+    # Costs rounded to one decimal tie often: the path must be the one a cell-by-cell programme finds when
+    # its way back prefers the diagonal, then the row above, then the column to the left (what the vector
+    # version before 2026-11-27 chose, and so every word time it gave).
+    rng = np.random.default_rng(1)
+    for n, m in [(2, 2), (3, 9), (7, 7), (9, 30)]:
+        cost = np.round(rng.standard_normal((n, m)), 1)
+        total = np.full((n + 1, m + 1), np.inf)
+        total[0, 0] = 0.0
+        for i in range(1, n + 1):
+            for j in range(1, m + 1):
+                total[i, j] = cost[i - 1, j - 1] + min(total[i - 1, j - 1], total[i - 1, j], total[i, j - 1])
+        i, j, path = n, m, []
+        while i > 0 and j > 0:
+            path.append((i - 1, j - 1))
+            moves = [(total[i - 1, j - 1], (i - 1, j - 1)), (total[i - 1, j], (i - 1, j)), (total[i, j - 1], (i, j - 1))]
+            i, j = min(moves, key=lambda move: move[0])[1]   # min keeps the first of equal totals
+        rows, cols = dtw_path(cost)
+        assert list(zip(rows.tolist(), cols.tolist())) == path[::-1]

@@ -164,29 +164,30 @@ def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The monotonic path of least summed cost from (0, 0) to (N-1, M-1); rows and columns per step.
+    """The monotonic path of least summed cost from (0, 0) to (N-1, M-1); rows and columns per step. Where
+    moves tie, the diagonal goes first, then the next row (token), then the next column (frame).
 
-    Cells on one anti-diagonal depend only on the two before it, so each diagonal is one vector step."""
+    Cells on one anti-diagonal depend only on the two before it, so each diagonal is one vector step over a
+    flat view (no move table: the way back compares the three totals again, in the same order, which gives
+    the same path; half the time of stacking the options per diagonal)."""
     n, m = cost.shape
     total = np.full((n + 1, m + 1), np.inf)
     total[0, 0] = 0.0
-    move = np.zeros((n + 1, m + 1), dtype=np.int8)  # 0 diagonal, 1 from above (next token), 2 from the left
+    flat, costs, stride = total.reshape(-1), cost.reshape(-1), m + 1
     for d in range(2, n + m + 1):
         i = np.arange(max(1, d - m), min(n, d - 1) + 1)
-        j = d - i
-        options = np.stack([total[i - 1, j - 1], total[i - 1, j], total[i, j - 1]])
-        best = np.argmin(options, axis=0)
-        total[i, j] = cost[i - 1, j - 1] + options[best, np.arange(len(i))]
-        move[i, j] = best
+        at = i * stride + d - i   # (i, d - i) in `total`
+        best = np.minimum(np.minimum(flat[at - stride - 1], flat[at - stride]), flat[at - 1])
+        flat[at] = costs[(i - 1) * m + d - i - 1] + best
     i, j = n, m
     rows, cols = [], []
     while i > 0 and j > 0:
         rows.append(i - 1)
         cols.append(j - 1)
-        step = move[i, j]
-        if step == 0:
+        diagonal, up, left = total[i - 1, j - 1], total[i - 1, j], total[i, j - 1]
+        if diagonal <= up and diagonal <= left:
             i, j = i - 1, j - 1
-        elif step == 1:
+        elif up <= left:
             i -= 1
         else:
             j -= 1
