@@ -313,7 +313,9 @@ class StreamingProcessor:
         self.decoder = decoder
         self.options = options
         base = options.decoding if options.decoding is not None else decoder.options
-        self.decoding = dataclasses.replace(base, timestamps=True, word_timestamps=options.word_alignment)
+        # words for the commit policy and the events, which carry no probability: the pass for it is skipped
+        self.decoding = dataclasses.replace(base, timestamps=True, word_timestamps=options.word_alignment,
+                                            word_probabilities=False)
         self.clock = clock
         self.vad = SpeechDetector() if options.vad_filter else None
         self.agreement = commit_policy(options.policy, options.frontier_s, options.edge_s)

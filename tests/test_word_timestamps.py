@@ -201,3 +201,37 @@ def test_dtw_breaks_ties_diagonal_first_then_next_token_then_next_frame():
             i, j = min(moves, key=lambda move: move[0])[1]   # min keeps the first of equal totals
         rows, cols = dtw_path(cost)
         assert list(zip(rows.tolist(), cols.tolist())) == path[::-1]
+
+
+def test_words_without_probabilities_keep_their_times_and_streaming_asks_for_none(decoder):
+    # Streaming's words carry no probability, so its re-decodes skip the pass over the vocabulary for it.
+    import math
+
+    from asr_app.decoding import DecodingOptions
+    from asr_app.streaming import StreamingOptions, StreamingProcessor
+
+    audio = load_audio(CLIPS["1089-134686-0000"])
+    full = words_of(decoder.decode(audio, DecodingOptions(mode="exact", word_timestamps=True))[0])
+    bare = words_of(decoder.decode(audio, DecodingOptions(mode="exact", word_timestamps=True,
+                                                          word_probabilities=False))[0])
+    assert [(w.word, w.start, w.end) for w in bare] == [(w.word, w.start, w.end) for w in full] and full
+    assert all(0 < w.probability <= 1 for w in full) and all(math.isnan(w.probability) for w in bare)
+    assert StreamingProcessor(decoder, StreamingOptions()).decoding.word_probabilities is False
+
+
+def test_words_reuse_the_decodes_cross_attention_and_match_each_row_alone(decoder, monkeypatch):
+    # Alignment reads the window's cross-attention K/V the decode computed (per row of a batch, finished rows
+    # dropped from the loop's view included) instead of computing them again: the same words as each clip
+    # decoded alone, and no second computation of the K/V.
+    from asr_app.decoding import DecodingOptions
+    from asr_app.runtime.decoder import DecoderRuntime
+
+    clips = [load_audio(CLIPS["1089-134686-0000"]), load_audio(JFK_FLAC)[: 5 * 16_000]]
+    opts = DecodingOptions(mode="exact", word_timestamps=True)
+    alone = [[(w.word, w.start, w.end) for w in words_of(decoder.decode(c, opts)[0])] for c in clips]
+    loads = []
+    original = DecoderRuntime.load_encoder
+    monkeypatch.setattr(DecoderRuntime, "load_encoder", lambda self, *a: (loads.append(1), original(self, *a))[1])
+    together = [[(w.word, w.start, w.end) for w in words_of(r)] for r in decoder.decode(clips, opts)]
+    assert together == alone and all(alone)
+    assert len(loads) == 2   # the target's and the draft's for the batch; none for the two alignments

@@ -14,6 +14,7 @@ Every speculative mode emits the target's tokens, so this alignment is the targe
 
 from __future__ import annotations
 
+import math
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,26 +48,30 @@ def alignment_heads(generation_config, layers: int, heads: int) -> list[tuple[in
 
 
 def add_word_timestamps(segments: list[Segment], runtime, encoder_hidden: torch.Tensor, sot_sequence: list[int],
-                        eos: int, window_s: float, heads: Sequence[tuple[int, int]], tokenizer) -> None:
-    """Fill `segment.words` of one decoded window (times relative to the window's start)."""
+                        eos: int, window_s: float, heads: Sequence[tuple[int, int]], tokenizer,
+                        probabilities: bool = True, cross: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """Fill `segment.words` of one decoded window (times relative to the window's start). `cross`: the
+    window's cross-attention K/V from the decode, reused (`DecoderRuntime.cross_attention`)."""
     if not segments:
         return
     tokens = [t for segment in segments for t in segment.tokens]
     words = align_words(runtime, encoder_hidden, AlignmentInput(sot_sequence, tokens, eos, window_s), heads,
-                        tokenizer)
+                        tokenizer, probabilities, cross)
     attach_words(segments, words)
 
 
 def align_words(runtime, encoder_hidden: torch.Tensor, item: AlignmentInput, heads: Sequence[tuple[int, int]],
-                tokenizer) -> list[Word]:
-    """The words of one window: start/end seconds (window-relative), mean token probability, tokens."""
+                tokenizer, probabilities: bool = True,
+                cross: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[Word]:
+    """The words of one window: start/end seconds (window-relative), mean token probability (NaN without
+    `probabilities`), tokens."""
     if not item.text_tokens:
         return []
     ids = [*item.sot_sequence, *item.text_tokens, item.eos]
     device = encoder_hidden.device
     frames = max(1, min(encoder_hidden.shape[1], round(item.window_s * FRAMES_PER_SECOND)))
     hidden, attention = runtime.cross_attention(encoder_hidden[:1], torch.tensor([ids], device=device),
-                                        {layer for layer, _ in heads})
+                                                {layer for layer, _ in heads}, cross)
     weights = torch.stack([attention[layer][0, head, :, :frames] for layer, head in heads])
     std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
     weights = median_filter((weights - mean) / std.clamp_min(1e-10), MEDIAN_WIDTH)
@@ -75,7 +80,8 @@ def align_words(runtime, encoder_hidden: torch.Tensor, item: AlignmentInput, hea
     rows, cols = dtw_path(-matrix.double().cpu().numpy())
     # The path visits every row in order; a token's time is the frame where the path reaches its row.
     token_times = cols[np.r_[0, np.flatnonzero(np.diff(rows)) + 1]] / FRAMES_PER_SECOND
-    probs = token_probabilities(runtime, hidden, ids, len(item.sot_sequence))
+    probs = (token_probabilities(runtime, hidden, ids, len(item.sot_sequence)) if probabilities
+             else [math.nan] * len(item.text_tokens))
     return _words(tokenizer, item.text_tokens, token_times, probs)
 
 

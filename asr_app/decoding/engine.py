@@ -227,7 +227,8 @@ class SpeculativeDecoder:
         result = self._result(tokens, float("nan"), float("nan"), stats, opts, window)
         if opts.word_timestamps:
             with torch.inference_mode():
-                self._add_words(result, self.target.get_encoder()(feats).last_hidden_state, prompt, window)
+                self._add_words(result, self.target.get_encoder()(feats).last_hidden_state, prompt, window,
+                                opts.word_probabilities)
         return result
 
     def _result(self, tokens, no_speech, avg_logprob, stats, opts, window) -> DecodingResult:
@@ -391,6 +392,8 @@ class SpeculativeDecoder:
             tracker=HintTracker([h for h in hints if h]) if hints and all(hints) else None,
         )
         captured_s = workspace.runner.capture_s
+        # the window's cross K/V, for word alignment after the loop (finished rows leave the state's views)
+        cross = (workspace.target.cross_k, workspace.target.cross_v)
         loop.run(state)
         setup_s += workspace.runner.capture_s - captured_s  # steps first captured in the loop: one-time work too
         total_s = time.perf_counter() - t_setup
@@ -410,7 +413,8 @@ class SpeculativeDecoder:
             if detected is not None:
                 result.language, result.language_probability = self._language_code(detected[r][0]), detected[r][1]
             if opts.word_timestamps:
-                self._add_words(result, encoder_hidden[r : r + 1], prompts[r], windows[r])
+                self._add_words(result, encoder_hidden[r : r + 1], prompts[r], windows[r], opts.word_probabilities,
+                                (cross[0][:, r : r + 1], cross[1][:, r : r + 1]))
             results.append(result)
         return results
 
@@ -420,12 +424,13 @@ class SpeculativeDecoder:
         ragged = self.runtime.ragged_batches and batch > 1 and self.graph_mode == "eager" and unfused
         return RaggedLoop if ragged else SpeculativeLoop
 
-    def _add_words(self, result: DecodingResult, encoder_hidden: torch.Tensor, prompt: Prompt, window: float) -> None:
+    def _add_words(self, result: DecodingResult, encoder_hidden: torch.Tensor, prompt: Prompt, window: float,
+                   probabilities: bool, cross: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         sot_sequence = list(prompt.tokens[prompt.sot_index :])
         if sot_sequence[-1] != self.generation_config.no_timestamps_token_id:
             sot_sequence.append(self.generation_config.no_timestamps_token_id)
         add_word_timestamps(result.segments, self.target_runtime, encoder_hidden, sot_sequence, self.eos, window,
-                            self.alignment_heads, self.tokenizer)
+                            self.alignment_heads, self.tokenizer, probabilities, cross)
 
     def _detect_languages(self, workspace: Workspace) -> list[tuple[int, float]]:
         """(language token, probability) per row, as openai/whisper detects it: the target's scores after

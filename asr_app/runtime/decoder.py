@@ -141,13 +141,21 @@ class DecoderRuntime:
             x = layer_step(x, layer, state, i, positions, span, mask, probe)
         return layer_norm(x, w.final_norm, w.eps)
 
-    def cross_attention(self, encoder_hidden: torch.Tensor, ids: torch.Tensor,
-                        layers: set[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    def cross_attention(self, encoder_hidden: torch.Tensor, ids: torch.Tensor, layers: set[int],
+                        cross: tuple[torch.Tensor, torch.Tensor] | None = None,
+                        ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """One pass over the whole sequence `ids` [B, L] with a fresh cache (the decoding caches are left
         alone): the hidden states [B, L, d] and the cross-attention probabilities [B, H, L, frames] of
-        `layers`."""
+        `layers`. `cross`: the window's cross-attention K/V [layers, B, H, frames, hd] as the decode computed
+        them from `encoder_hidden` (read, never written), instead of computing them again."""
         count = ids.shape[1]
-        state = self.new_state(encoder_hidden, positions=count)  # one pass: no room for more tokens needed
+        if cross is None:
+            state = self.new_state(encoder_hidden, positions=count)  # one pass: no room for more tokens needed
+        else:
+            w = self.weights
+            shape = (len(w.layers), ids.shape[0], w.heads, count, w.head_dim)
+            state = DecoderState(torch.zeros(shape, dtype=w.dtype, device=w.device),
+                                 torch.zeros(shape, dtype=w.dtype, device=w.device), *cross)
         probe = dict.fromkeys(layers)
         positions = torch.arange(count, device=ids.device)
         hidden = self.forward(state, ids, positions, count, visible_keys(positions, count), probe)
