@@ -326,26 +326,36 @@ class Scheduler:
 
     def warm_up(self, clip: np.ndarray, options: Sequence[DecodingOptions]) -> int:
         """Before serving, where steps are captured (a GPU): decode `clip` in a batch of every size this
-        scheduler forms with each of `options`, so the first requests at a size do not wait while its
-        workspace is made and its steps captured (about 0.5 s a row on an H100's first batch of two). Returns
-        the decodes made: none where steps run eagerly (a CPU), where nothing is captured."""
+        scheduler forms with each of `options`, so the first requests at a size with those options do not wait
+        while its workspace is made and its steps captured (about 0.5 s a row on an H100's first batch of two).
+        A size that fails (out of memory) ends it: batches stay below that size. Returns the decodes made: none
+        where steps run eagerly (a CPU)."""
         if getattr(self.decoder, "graph_mode", "eager") == "eager":
             return 0
-        with self._cond:
-            if self._queue or self._metrics.batches:
-                raise RuntimeError("warm_up() is for a scheduler that has not served yet")
         # a workspace per (size, drafts or not): warm only the sizes a bound the user fixed has room for
         per_size = len({opts.mode in SPECULATIVE_MODES for opts in options}) or 1
-        room = workspace_stats(self.decoder).max_workspaces // per_size
+        sizes = BatchSizer(self._max_rows).sizes[: workspace_stats(self.decoder).max_workspaces // per_size]
+        with self._cond:   # checked and held at once: the worker starts nothing while this thread decodes
+            if self._queue or self._metrics.batches:
+                raise RuntimeError("warm_up() is for a scheduler that has not served yet")
+            self._held += 1
         made = 0
-        with self.hold():   # the worker starts nothing while the decoder is used from this thread
-            for opts in options:
-                for size in BatchSizer(self._max_rows).sizes[:room]:
-                    self.decoder.decode([clip] * size, opts)
-                    made += 1
+        try:
+            for size in sizes:
+                try:
+                    for opts in options:
+                        self.decoder.decode([clip] * size, opts)
+                        made += 1
+                except RuntimeError as exc:   # CUDA out of memory, most likely: serve with the sizes that fit
+                    log.warning("warm-up stopped at %d rows (%s): batches stay below it", size, exc)
+                    self._max_rows = max(1, size // 2)
+                    break
+        finally:
             stats = workspace_stats(self.decoder)
             with self._cond:
                 self._metrics.note_workspaces(stats)
+                self._held -= 1
+                self._cond.notify_all()
         return made
 
     def metrics(self) -> SchedulerMetrics:

@@ -9,7 +9,7 @@
 # base draft was shipped (2026-11-27), so the pair's two halves (43 and 46 MB) no longer fit beside it: the
 # halves are packed into one tar and cut into parts of what the tree leaves free (less a margin), each carried
 # by its own call into /root/stash, and joined by the last.
-set -eu
+set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED="${SHARED:-../shared}"
 PYTHON="${PYTHON:-python3}"
@@ -32,12 +32,14 @@ part_bytes=$(( 64 * 1024 * 1024 - tree_bytes - untracked - 3 * 1024 * 1024 ))
 [ "$part_bytes" -gt $(( 4 * 1024 * 1024 )) ] || { echo "the tree ($tree_bytes bytes) leaves no room to carry" >&2; exit 2; }
 tar cf - -C .gpu halves | split -b "$part_bytes" -d - .gpu/pair.tar.
 rm -rf .gpu/halves
+(cd .gpu && sha256sum pair.tar.*) > .gpu/pair.sha256   # gpu_join.sh checks every part is there, whole
 parts=()
 for f in .gpu/pair.tar.*; do
     n=${f##*.}
     mkdir -p ".gpu/p$n" && mv "$f" ".gpu/p$n/"
     parts+=("p$n")
 done
+mv .gpu/pair.sha256 ".gpu/${parts[0]}/"
 du -sh .gpu/whl .gpu/p*
 last=${parts[${#parts[@]} - 1]}
 echo
@@ -46,8 +48,10 @@ echo "  1. carry [\".gpu/whl\"], command:"
 echo "     python3 -m pip install -q --no-index --no-deps --target /root/site .gpu/whl/*.whl"
 i=2
 for p in "${parts[@]}"; do
-    if [ "$p" != "$last" ]; then
-        echo "  $i. carry [\".gpu/$p\"], command:  mkdir -p /root/stash && cp .gpu/$p/* /root/stash/"
+    if [ "$p" = "${parts[0]}" ]; then   # the first part empties the stash: no part of an earlier cut stays
+        echo "  $i. carry [\".gpu/$p\"], command:  rm -rf /root/stash && mkdir -p /root/stash && cp .gpu/$p/* /root/stash/"
+    elif [ "$p" != "$last" ]; then
+        echo "  $i. carry [\".gpu/$p\"], command:  cp .gpu/$p/* /root/stash/"
     else
         echo "  $i. carry [\".gpu/$p\"], command:"
         echo "     cp .gpu/$p/* /root/stash/ && bash bench/gpu_join.sh && bash bench/gpu_check.sh tests serve"

@@ -209,7 +209,7 @@ def make_engine(name: str, decoder, streaming, context_s: float, sessions: int):
     engine = UiEngine.from_decoder(decoder, streaming, limits).sharing(scheduler=scheduler,
                                                                        live_encoder_context_s=context)
     if name != "lock":
-        warm_up(engine, "exact")   # as asr-serve does before serving (a GPU only; nothing on a CPU)
+        warm_up(engine)   # as asr-serve does before serving (a GPU only; nothing on a CPU)
     return engine
 
 
@@ -273,7 +273,7 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
     from asr_app.ui.engine import UiEngine
     paths = repeat([p for p, _ in clip_pool(count, root)], count, cycle)
     engine = UiEngine.from_decoder(decoder).sharing(scheduler=Scheduler(decoder))
-    warm_up(engine, "exact")
+    warm_up(engine)
     host, server = start_server(engine)
     api = openai.OpenAI(base_url=f"http://{host}/v1", api_key="none", max_retries=0, timeout=600)
 

@@ -148,6 +148,7 @@ PROBES: dict[str, dict[str, list[str]]] = {
                                  "H:--engine ray --live-encoder-context 4 | --engine ray",
                                  "R:--live-encoder-context 40", "R:--live-encoder-context -1"],
         "no_ui": ["H:--no-ui", "H:--engine ray --no-ui | --engine ray"],
+        "no_warm_up": ["H:--no-warm-up", "R:--engine ray --no-warm-up"],
         "engine": ["H:--engine ray"],
         "address": ["H:--engine ray --address auto | --engine ray", "R:--address auto"],
         "replicas": ["H:--engine ray --replicas 2 | --engine ray", "R:--replicas 2",
@@ -387,6 +388,7 @@ def recorder(monkeypatch):
         return SimpleNamespace(engine=engine)
 
     monkeypatch.setattr(serve_app, "build_app", build_service)
+    monkeypatch.setattr(serve_cli, "warm_up", lambda engine: rec.put("warm_up", True))   # before serving
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: rec.put("uvicorn", kw))
 
     def start_on_ray(args, settings, options):  # asr-serve --engine ray: what ray_launch.start would deploy

@@ -468,3 +468,50 @@ def test_warm_up_captures_every_batch_size_before_serving(tiny_en_pair, one_torc
         assert eager.warm_up(clip, [opts]) == 0
     finally:
         eager.close()
+
+
+def test_asr_serve_warms_up_in_the_options_a_request_gets_and_stops_where_memory_runs_out(
+        tiny_en_pair, one_torch_thread, capsys):
+    # Without a draft the service decodes in `off` even though --mode defaults to exact: the warm-up must take
+    # the mode a request gets, not the flag's. A size that fails (out of memory on a GPU) ends the warm-up and
+    # caps the batches below it.
+    import dataclasses
+
+    from asr_app.decoding import RuntimeOptions
+    from asr_app.serve.cli import warm_up
+    from asr_app.ui.engine import UiEngine
+
+    target_only = dataclasses.replace(tiny_en_pair, draft=None, draft_name=None)
+    decoder = SpeculativeDecoder(target_only, DecodingOptions(mode="off", max_new_tokens=8),
+                                 runtime=RuntimeOptions(cuda_graphs="emulate"))
+    engine = UiEngine.from_decoder(decoder).sharing(scheduler=Scheduler(decoder, SchedulerOptions(max_rows=2)))
+    try:
+        warm_up(engine)
+        assert "warmed up: 2 batch sizes" in capsys.readouterr().out
+        assert set(decoder._workspaces) == {(1, False), (2, False)}   # no drafts: the mode a request gets
+    finally:
+        engine.scheduler.close()
+
+    class OutOfMemoryAt4:
+        graph_mode, pair = "cuda", tiny_en_pair
+
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        def workspace_stats(self):
+            from asr_app.decoding.workspaces import WorkspaceStats
+            return WorkspaceStats(0, 12, 0, 0, 0, 0, 0.0)
+
+        def decode(self, clips, options=None, prompts=None, hints=None):
+            self.sizes.append(len(clips))
+            if len(clips) >= 4:
+                raise RuntimeError("CUDA out of memory")
+            return [None] * len(clips)
+
+    failing = OutOfMemoryAt4()
+    scheduler = Scheduler(failing, SchedulerOptions(max_rows=16))
+    try:
+        assert scheduler.warm_up(np.zeros(16_000, np.float32), [DecodingOptions(mode="exact")]) == 2
+        assert failing.sizes == [1, 2, 4] and scheduler.sizer("file exact").sizes == [1, 2]
+    finally:
+        scheduler.close()

@@ -235,3 +235,11 @@ def test_words_reuse_the_decodes_cross_attention_and_match_each_row_alone(decode
     together = [[(w.word, w.start, w.end) for w in words_of(r)] for r in decoder.decode(clips, opts)]
     assert together == alone and all(alone)
     assert len(loads) == 2   # the target's and the draft's for the batch; none for the two alignments
+
+
+def test_dtw_covers_every_row_and_column_even_with_non_finite_costs():
+    for cost in (np.array([[np.nan, 1.0], [1.0, 1.0]]), np.full((3, 2), np.inf), np.full((2, 4), np.nan),
+                 np.array([[1.0, -np.inf, 2.0], [np.nan, 0.5, np.inf]])):
+        rows, cols = dtw_path(cost)
+        assert (rows[0], cols[0]) == (0, 0) and (rows[-1], cols[-1]) == (cost.shape[0] - 1, cost.shape[1] - 1)
+        assert set(rows.tolist()) == set(range(cost.shape[0])) and set(cols.tolist()) == set(range(cost.shape[1]))

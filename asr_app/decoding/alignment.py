@@ -177,6 +177,9 @@ def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     flat view (no move table: the way back compares the three totals again, in the same order, which gives
     the same path; half the time of stacking the options per diagonal)."""
     n, m = cost.shape
+    # Finite costs keep the path off the infinite border until (0, 0); a NaN would make every comparison on
+    # the way back false (scores overflowing fp16, say): such cells cost the most instead.
+    cost = np.nan_to_num(cost, nan=1e30, posinf=1e30, neginf=-1e30)
     total = np.full((n + 1, m + 1), np.inf)
     total[0, 0] = 0.0
     flat, costs, stride = total.reshape(-1), cost.reshape(-1), m + 1

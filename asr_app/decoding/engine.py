@@ -392,8 +392,9 @@ class SpeculativeDecoder:
             tracker=HintTracker([h for h in hints if h]) if hints and all(hints) else None,
         )
         captured_s = workspace.runner.capture_s
-        # the window's cross K/V, for word alignment after the loop (finished rows leave the state's views)
-        cross = (workspace.target.cross_k, workspace.target.cross_v)
+        # the window's cross K/V, for word alignment after the loop (finished rows leave the state's views);
+        # kept only when words are asked for, else finished rows' K/V are freed as the loop drops them
+        cross = (workspace.target.cross_k, workspace.target.cross_v) if opts.word_timestamps else None
         loop.run(state)
         setup_s += workspace.runner.capture_s - captured_s  # steps first captured in the loop: one-time work too
         total_s = time.perf_counter() - t_setup
@@ -414,7 +415,7 @@ class SpeculativeDecoder:
                 result.language, result.language_probability = self._language_code(detected[r][0]), detected[r][1]
             if opts.word_timestamps:
                 self._add_words(result, encoder_hidden[r : r + 1], prompts[r], windows[r], opts.word_probabilities,
-                                (cross[0][:, r : r + 1], cross[1][:, r : r + 1]))
+                                (cross[0][:, r : r + 1], cross[1][:, r : r + 1]) if cross else None)
             results.append(result)
         return results
 

@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-ui", action="store_true", help="serve the API only, without the web app at /")
     parser.add_argument("--no-warm-up", action="store_true",
                         help="on a GPU, skip decoding the bundled sample at every batch size before serving (the "
-                             "first requests at each size then wait for its CUDA graphs to be captured)")
+                             "first requests at each size then wait for its CUDA graphs to be captured); "
+                             "--engine local only")
     scale = parser.add_argument_group("scaling out (docs/scale.md)")
     scale.add_argument("--engine", choices=("local", "ray"), default="local",
                        help="local: one process, one model pair (default); ray: on Ray Serve, the decoder as "
@@ -74,6 +75,8 @@ def ray_options_from_args(args: argparse.Namespace):
         if scaled:
             raise ValueError(f"{', '.join(scaled)} only apply with --engine ray")
         return None
+    if args.no_warm_up:   # the replicas load their pair and decode as requests come; none warms up
+        raise ValueError("--no-warm-up applies to --engine local (Ray replicas do not warm up)")
     if args.replicas != 1 and (args.min_replicas is not None or args.max_replicas is not None):
         raise ValueError("--replicas fixes the number of decoder replicas and --min-replicas/--max-replicas "
                          "autoscale it: give one or the other")
@@ -145,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = UiEngine.from_decoder(decoder, limits=limits).sharing(schedule=schedule,
                                                                    live_encoder_context_s=args.live_encoder_context)
     if not args.no_warm_up:
-        warm_up(engine, args.mode)
+        warm_up(engine)
     app = build_app(engine, access, mount_ui=not args.no_ui)
     print(f"models loaded: {engine.describe()}; serving on http://{args.host}:{args.port}", flush=True)
     try:
@@ -155,19 +158,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def warm_up(engine, mode: str) -> None:
-    """Capture every batch size's steps before the first request where steps are captured (a GPU): the
-    bundled sample, greedy in the service's mode with timestamps, as API windows and live re-decodes are."""
+def warm_up(engine) -> None:
+    """Where steps are captured (a GPU), capture every batch size's common steps before the first request:
+    the bundled sample in the options a request leaving every field out gets (the service's mode and first
+    temperature, with timestamps, as API windows and live re-decodes run). Nothing on a CPU."""
+    if getattr(engine.scheduler.decoder, "graph_mode", "eager") == "eager":
+        return
     import time
     from pathlib import Path
 
     from asr_app.audio import load_audio
 
+    base = engine.base_options
+    mode = base.mode if base.mode in engine.modes else engine.modes[0]   # no draft: "off"
+    options = engine.options(mode, base.temperature, base.language or "auto", timestamps=True)
     started = time.perf_counter()
     sample = load_audio(Path(__file__).resolve().parents[1] / "samples" / "sample.flac")
-    made = engine.scheduler.warm_up(sample, [engine.options(mode, 0.0, timestamps=True)])
-    if made:
-        print(f"warmed up: {made} batch sizes decoded in {time.perf_counter() - started:.1f} s", flush=True)
+    made = engine.scheduler.warm_up(sample, [options])
+    print(f"warmed up: {made} batch sizes decoded in {time.perf_counter() - started:.1f} s", flush=True)
 
 
 def serve_on_ray(args: argparse.Namespace, options, settings: dict) -> int:
