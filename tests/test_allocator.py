@@ -67,7 +67,9 @@ def test_freed_blocks_stay_in_the_heap_and_are_reused():
     kept = _rounds("keep")
     assert all(mapped == 0.0 for _, _, mapped in kept), kept
     assert all(heap >= 2.0 - SMALL and free >= 2.0 - SMALL for heap, free, _ in kept), kept
-    settled = [heap for heap, _, _ in kept[5:]]
+    # Settled by the last four rounds: CI once saw it settle at round 6 of 12 (2, 4, 6, 7, 9, 11, 11, ...
+    # blocks), once at round 5; a heap that kept growing would add two blocks every round.
+    settled = [heap for heap, _, _ in kept[-4:]]
     assert max(settled) - min(settled) < SMALL, kept
     assert keep_freed_memory() is True  # once per process: a second call changes nothing and says so
 
