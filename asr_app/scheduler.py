@@ -25,6 +25,7 @@ How the worker picks a batch (docs/serving.md):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import threading
@@ -359,15 +360,9 @@ class Scheduler:
         return made
 
     def metrics(self) -> SchedulerMetrics:
-        with self._cond:
-            m = self._metrics
-            return SchedulerMetrics(
-                queue_depth=len(self._queue), batches=m.batches, rows=m.rows,
-                rows_per_batch=dict(m.rows_per_batch), failed=m.failed, busy_s=m.busy_s, audio_s=m.audio_s,
-                drafted=m.drafted, accepted=m.accepted, trims=m.trims, gathers=m.gathers, gather_s=m.gather_s,
-                workspaces=m.workspaces, workspace_rows=m.workspace_rows,
-                workspace_evictions=m.workspace_evictions, graph_evictions=m.graph_evictions,
-                graph_captures=m.graph_captures, graph_capture_s=m.graph_capture_s,
+        with self._cond:   # a copy: every figure as kept, the mutable ones copied, the queue read now
+            return dataclasses.replace(
+                self._metrics, queue_depth=len(self._queue), rows_per_batch=dict(self._metrics.rows_per_batch),
                 latencies=self._latencies.snapshot(),
                 sizer={kind: sizer.snapshot() for kind, sizer in sorted(self._sizers.items())})
 

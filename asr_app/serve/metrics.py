@@ -17,6 +17,30 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+# (kind, name, help, SchedulerMetrics field): the figures exported as they are kept
+FIGURES = (
+    (CounterMetricFamily, "asr_batches", "Batches decoded", "batches"),
+    (CounterMetricFamily, "asr_rows", "Rows (requests) decoded", "rows"),
+    (CounterMetricFamily, "asr_failed_rows", "Rows whose decode failed", "failed"),
+    (CounterMetricFamily, "asr_rows_resent", "Rows sent again after their decoder replica was lost", "resent"),
+    (CounterMetricFamily, "asr_memory_trims", "Times freed memory went back to the system after an idle spell",
+     "trims"),
+    (CounterMetricFamily, "asr_batch_gathers", "Batches that waited for more file rows arriving", "gathers"),
+    (CounterMetricFamily, "asr_batch_gather_seconds", "Seconds batches waited for more file rows", "gather_s"),
+    (GaugeMetricFamily, "asr_workspaces",
+     "Decoder workspaces held (one per batch size, with drafts or without; their caches and CUDA graphs)",
+     "workspaces"),
+    (GaugeMetricFamily, "asr_workspace_rows", "Batch rows the held workspaces' caches have room for",
+     "workspace_rows"),
+    (CounterMetricFamily, "asr_workspace_evictions", "Workspaces dropped to make room for another batch size",
+     "workspace_evictions"),
+    (CounterMetricFamily, "asr_graph_evictions", "CUDA graphs dropped inside a workspace to make room",
+     "graph_evictions"),
+    (CounterMetricFamily, "asr_graph_captures", "Decoding steps captured as CUDA graphs", "graph_captures"),
+    (CounterMetricFamily, "asr_graph_capture_seconds", "Seconds spent capturing CUDA graphs", "graph_capture_s"),
+)
+
+
 class SchedulerCollector:
     def __init__(self, engine: UiEngine, requests: dict[str, int]) -> None:
         self.engine = engine
@@ -29,28 +53,8 @@ class SchedulerCollector:
         age = getattr(self.engine.scheduler, "figures_age_s", None)   # --engine ray: fetched from the replicas
         if age is not None:
             yield GaugeMetricFamily("asr_figures_age_seconds", "Age of the decoder replicas' figures", age)
-        yield CounterMetricFamily("asr_batches", "Batches decoded", m.batches)
-        yield CounterMetricFamily("asr_rows", "Rows (requests) decoded", m.rows)
-        yield CounterMetricFamily("asr_failed_rows", "Rows whose decode failed", m.failed)
-        yield CounterMetricFamily("asr_rows_resent", "Rows sent again after their decoder replica was lost",
-                                  m.resent)
-        yield CounterMetricFamily("asr_memory_trims", "Times freed memory went back to the system after an "
-                                  "idle spell", m.trims)
-        yield CounterMetricFamily("asr_batch_gathers", "Batches that waited for more file rows arriving",
-                                  m.gathers)
-        yield CounterMetricFamily("asr_batch_gather_seconds", "Seconds batches waited for more file rows",
-                                  m.gather_s)
-        yield GaugeMetricFamily("asr_workspaces", "Decoder workspaces held (one per batch size, with drafts or "
-                                "without; their caches and CUDA graphs)", m.workspaces)
-        yield GaugeMetricFamily("asr_workspace_rows", "Batch rows the held workspaces' caches have room for",
-                                m.workspace_rows)
-        yield CounterMetricFamily("asr_workspace_evictions", "Workspaces dropped to make room for another "
-                                  "batch size", m.workspace_evictions)
-        yield CounterMetricFamily("asr_graph_evictions", "CUDA graphs dropped inside a workspace to make room",
-                                  m.graph_evictions)
-        yield CounterMetricFamily("asr_graph_captures", "Decoding steps captured as CUDA graphs", m.graph_captures)
-        yield CounterMetricFamily("asr_graph_capture_seconds", "Seconds spent capturing CUDA graphs",
-                                  m.graph_capture_s)
+        for family, name, text, field in FIGURES:
+            yield family(name, text, getattr(m, field))
         rows = GaugeMetricFamily("asr_batches_by_rows", "Batches decoded, by rows per batch", labels=["rows"])
         for size, count in sorted(m.rows_per_batch.items()):
             rows.add_metric([str(size)], count)

@@ -128,6 +128,11 @@ class MetricsBoard:
         return {**self._boards, "retired": (0.0, 0, self._retired)}   # never fresh: no queue, no pid
 
 
+# SchedulerMetrics' totals, summed over every replica that ever published
+SUMMED = ("batches", "rows", "failed", "busy_s", "audio_s", "drafted", "accepted", "trims", "gathers", "gather_s",
+          "workspace_evictions", "graph_evictions", "graph_captures", "graph_capture_s")
+
+
 def merge_metrics(boards: dict[str, tuple[float, int, SchedulerMetrics]], now: float) -> SchedulerMetrics:
     """The sum over replicas: totals from every replica that ever published; queues and what is held now
     (workspaces and their rows) from the live ones."""
@@ -137,20 +142,8 @@ def merge_metrics(boards: dict[str, tuple[float, int, SchedulerMetrics]], now: f
             total.queue_depth += m.queue_depth
             total.workspaces += m.workspaces
             total.workspace_rows += m.workspace_rows
-        total.batches += m.batches
-        total.rows += m.rows
-        total.failed += m.failed
-        total.busy_s += m.busy_s
-        total.audio_s += m.audio_s
-        total.drafted += m.drafted
-        total.accepted += m.accepted
-        total.trims += m.trims
-        total.gathers += m.gathers
-        total.gather_s += m.gather_s
-        total.workspace_evictions += m.workspace_evictions
-        total.graph_evictions += m.graph_evictions
-        total.graph_captures += m.graph_captures
-        total.graph_capture_s += m.graph_capture_s
+        for name in SUMMED:
+            setattr(total, name, getattr(total, name) + getattr(m, name))
         for size, count in m.rows_per_batch.items():
             total.rows_per_batch[size] = total.rows_per_batch.get(size, 0) + count
         for name, values in m.latencies.items():
