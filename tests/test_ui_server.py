@@ -312,6 +312,15 @@ def _audio_received(page_text: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+def _stalled(number: int, received: float, tab: Page, browser_log: Path) -> str:
+    """What a failed wait for the recording shows: enough to tell a tab that never started recording
+    (its buttons, the page's text) from a server that fell behind (audio received, the browser's log)."""
+    text = tab.js("document.body.innerText") or ""
+    log = browser_log.read_text(errors="replace")[-1500:] if browser_log.exists() else "(no browser log)"
+    return (f"tab {number}: the server received only {received} s of the recording\n"
+            f"buttons: {tab.js(BUTTON_LABELS)}\npage text (end): {text[-800:]!r}\nchromium log (end):\n{log}")
+
+
 # Skipped only on a developer machine without chromium; under CI (.ci/run installs it) a missing
 # browser is a failure, so the browser test can never silently drop out of CI.
 @pytest.mark.skipif(chromium() is None and not os.environ.get("CI"),
@@ -357,9 +366,9 @@ def test_browser_shows_the_tabs_and_two_tabs_transcribe_the_microphone(server, t
         # The browser drops chunks whose upload has not finished when recording stops, so stop
         # only once the server has received the whole speech (on a loaded CPU it lags behind).
         deadline = time.monotonic() + 240
-        for tab in tabs:
+        for number, tab in enumerate(tabs):
             while (received := _audio_received(tab.js("document.body.innerText"))) < speech_end_s + 0.5:
-                assert time.monotonic() < deadline, f"server received only {received} s of the recording"
+                assert time.monotonic() < deadline, _stalled(number, received, tab, tmp_path / "chromium.log")
                 time.sleep(0.2)
         for tab in tabs:
             assert tab.js(CLICK_BUTTON.format(label="Stop"))

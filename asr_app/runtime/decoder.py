@@ -93,21 +93,23 @@ class DecoderRuntime:
         return self.weights.max_positions
 
     # ------------------------------------------------------------------ per-window state
-    def new_state(self, encoder_hidden: torch.Tensor, positions: int | None = None) -> DecoderState:
+    def new_state(self, encoder_hidden: torch.Tensor, positions: int | None = None,
+                  cross: tuple[torch.Tensor, torch.Tensor] | None = None) -> DecoderState:
         """Allocate the cache for `encoder_hidden` [B, frames, d] and compute the cross K/V once.
-        `positions`: self-attention slots to allocate (default the decoder's maximum)."""
+        `positions`: self-attention slots to allocate (default the decoder's maximum). `cross`: the window's
+        cross-attention K/V [layers, B, H, frames, hd], already computed from `encoder_hidden`: the state
+        reads them (never writes them) instead of computing its own."""
         w = self.weights
         batch = encoder_hidden.shape[0]
         layers, heads, head_dim = len(w.layers), w.heads, w.head_dim
         shape = (layers, batch, heads, positions or w.max_positions, head_dim)
-        state = DecoderState(
-            self_k=torch.zeros(shape, dtype=w.dtype, device=w.device),
-            self_v=torch.zeros(shape, dtype=w.dtype, device=w.device),
-            cross_k=torch.empty((layers, batch, heads, encoder_hidden.shape[1], head_dim), dtype=w.dtype,
-                                device=w.device),
-            cross_v=torch.empty((layers, batch, heads, encoder_hidden.shape[1], head_dim), dtype=w.dtype,
-                                device=w.device),
-        )
+        self_k = torch.zeros(shape, dtype=w.dtype, device=w.device)
+        self_v = torch.zeros(shape, dtype=w.dtype, device=w.device)
+        if cross is not None:
+            return DecoderState(self_k, self_v, *cross)
+        cross_shape = (layers, batch, heads, encoder_hidden.shape[1], head_dim)
+        state = DecoderState(self_k, self_v, torch.empty(cross_shape, dtype=w.dtype, device=w.device),
+                             torch.empty(cross_shape, dtype=w.dtype, device=w.device))
         self.load_encoder(state, encoder_hidden)
         return state
 
@@ -149,13 +151,7 @@ class DecoderRuntime:
         `layers`. `cross`: the window's cross-attention K/V [layers, B, H, frames, hd] as the decode computed
         them from `encoder_hidden` (read, never written), instead of computing them again."""
         count = ids.shape[1]
-        if cross is None:
-            state = self.new_state(encoder_hidden, positions=count)  # one pass: no room for more tokens needed
-        else:
-            w = self.weights
-            shape = (len(w.layers), ids.shape[0], w.heads, count, w.head_dim)
-            state = DecoderState(torch.zeros(shape, dtype=w.dtype, device=w.device),
-                                 torch.zeros(shape, dtype=w.dtype, device=w.device), *cross)
+        state = self.new_state(encoder_hidden, positions=count, cross=cross)  # one pass: room for `count` tokens
         probe = dict.fromkeys(layers)
         positions = torch.arange(count, device=ids.device)
         hidden = self.forward(state, ids, positions, count, visible_keys(positions, count), probe)
