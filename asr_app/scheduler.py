@@ -38,9 +38,11 @@ from typing import Any
 
 import numpy as np
 
+from asr_app.batch_sizer import BatchSizer
 from asr_app.decoding.options import SPECULATIVE_MODES, DecodingOptions, DecodingResult, DecodingStats
 from asr_app.decoding.seeds import batch_options
-from asr_app.decoding.workspaces import WorkspaceStats, keep_workspaces, workspace_stats
+from asr_app.decoding.workspaces import keep_workspaces, workspace_stats
+from asr_app.scheduler_metrics import RecentLatencies, SchedulerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -67,103 +69,6 @@ class SchedulerOptions:
     gather_s: float | None = 0.05   # longest a batch of file rows waits for more that are arriving (None: never)
 
 
-@dataclass
-class _SizeCost:
-    """Running costs of one batch size: seconds per row outside the token loop (features, encoder), and loop
-    seconds per decoding step of a row (an output token, or its end)."""
-    fixed: float
-    per_step: float
-
-
-class BatchSizer:
-    """Chooses how many rows to decode together from the time per row it has measured per batch size.
-
-    Sizes are powers of two up to `max_rows`. A size that was never measured is tried only when half of
-    it was measured cheaper per row than every smaller size (batching still paid off below it);
-    otherwise the measured size with the lowest time per row wins, a larger one only when it is
-    `margin` cheaper per row than the best smaller one (every row of a batch waits for the whole batch).
-    Where at least twice the size's rows are waiting, `backlog_margin` is enough: those rows wait for
-    the batches before theirs anyway, so what serves them soonest is the lowest cost per row.
-    So a device where batching does not pay (a CPU, for short re-decodes) settles on one row, never on a
-    slower larger batch.
-
-    A row's cost depends on its content (a 5 s clip writes a third of a 30 s one's tokens), and each size
-    is measured on different rows. Where the decoder says how long its token loop took and how many
-    steps its rows made, a size's cost is kept as seconds per row outside the loop plus loop seconds per
-    step, and sizes are compared at the same number of steps per row (the running mean over every batch):
-    the comparison is then between sizes, not between the clips that happened to land in them.
-
-    The first `warmup` batches of each size are not counted: a size's first batch carries one-time work
-    the decoder cannot all report (new workspaces, kernels tuned for the new shape, graphs captured on
-    first use), and a size judged on it would never be tried again (an H100 run stayed at one row for good
-    that way: docs/serving.md). The decoder's own report of such work (`setup_s`) is left out of every batch.
-    """
-
-    def __init__(self, max_rows: int, memory: float = 0.2, margin: float = 0.1, warmup: int = 1,
-                 backlog_margin: float = 0.03) -> None:
-        if max_rows < 1:
-            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
-        self.sizes = [s for s in (1 << k for k in range(12)) if s <= max_rows]
-        self.memory = memory
-        self.margin = margin
-        self.backlog_margin = backlog_margin
-        self.warmup = warmup
-        self.costs: dict[int, _SizeCost] = {}   # batch size -> its running costs
-        self.steps_per_row: float | None = None  # running mean over every counted batch
-        self.seen: dict[int, int] = {}     # batch size -> batches recorded, warm-up ones included
-
-    @property
-    def cost(self) -> dict[int, float]:
-        """Seconds per row of each measured size, at the running mean of steps per row."""
-        steps = self.steps_per_row or 0.0
-        return {size: c.fixed + steps * c.per_step for size, c in self.costs.items()}
-
-    def choose(self, ready: int) -> int:
-        """The batch size for `ready` compatible requests (at least 1, at most `ready`)."""
-        usable = [s for s in self.sizes if s <= max(1, ready)]
-        cost = self.cost
-        for size in usable:
-            if size not in cost:
-                if size == 1 or self._paid(cost, size // 2, self._margin(size, ready)):
-                    return size   # batching paid up to half this size: measure this one
-                break
-        best = 1
-        for size in usable:   # a larger batch must beat the best smaller one clearly: its rows wait longer
-            if size in cost and cost[size] < cost.get(best, float("inf")) * (1 - self._margin(size, ready)):
-                best = size
-        return best
-
-    def _margin(self, size: int, ready: int) -> float:
-        return self.backlog_margin if ready >= 2 * size else self.margin
-
-    @staticmethod
-    def _paid(cost: dict[int, float], size: int, margin: float) -> bool:
-        """Whether `size` was measured `margin` cheaper per row than every smaller size."""
-        return size in cost and all(cost[size] < c * (1 - margin) for smaller, c in cost.items() if smaller < size)
-
-    def record(self, rows: int, seconds: float, loop_s: float | None = None, steps: int | None = None) -> None:
-        """One batch of `rows` took `seconds`; of them `loop_s` in the token loop, for `steps` row steps in
-        all (where the decoder reports them; else the batch counts as seconds per row alone)."""
-        size = max(s for s in self.sizes if s <= rows) if rows >= 1 else 1
-        self.seen[size] = self.seen.get(size, 0) + 1
-        if self.seen[size] <= self.warmup:
-            return
-        split = loop_s is not None and steps is not None and steps > 0 and 0 <= loop_s <= seconds
-        new = (_SizeCost((seconds - loop_s) / rows, loop_s / steps) if split
-               else _SizeCost(seconds / rows, 0.0))
-        if split:
-            self.steps_per_row = self._mix(self.steps_per_row, steps / rows)
-        old = self.costs.get(size)
-        self.costs[size] = new if old is None else _SizeCost(self._mix(old.fixed, new.fixed),
-                                                             self._mix(old.per_step, new.per_step))
-
-    def _mix(self, old: float | None, new: float) -> float:
-        return new if old is None else (1 - self.memory) * old + self.memory * new
-
-    def snapshot(self) -> dict[int, float]:
-        return dict(sorted(self.cost.items()))
-
-
 @dataclass(eq=False)   # compared by identity: a request holds arrays
 class _Request:
     clip: np.ndarray
@@ -176,74 +81,6 @@ class _Request:
     key: Any = None                 # rows with equal keys can share a lock-step batch
     submitted: float = field(default_factory=time.monotonic)
     order: int = 0
-
-
-class RecentLatencies:
-    """The latest request latencies per priority name, a bounded window each (what /metrics reports). Not
-    locked: its owner records and reads it under its own lock."""
-
-    def __init__(self, window: int) -> None:
-        self._by_name = {name: deque(maxlen=window) for name in PRIORITY_NAMES.values()}
-
-    def record(self, priority: int, seconds: float) -> None:
-        self._by_name[PRIORITY_NAMES[priority]].append(seconds)
-
-    def snapshot(self) -> dict[str, list[float]]:
-        return {name: list(values) for name, values in self._by_name.items()}
-
-
-@dataclass
-class SchedulerMetrics:
-    """What /metrics and the benches read (a consistent copy, see `Scheduler.metrics`)."""
-
-    queue_depth: int = 0
-    batches: int = 0
-    rows: int = 0
-    rows_per_batch: dict[int, int] = field(default_factory=dict)   # batch size -> batches of that size
-    failed: int = 0
-    busy_s: float = 0.0
-    audio_s: float = 0.0
-    drafted: int = 0
-    accepted: int = 0
-    latencies: dict[str, list[float]] = field(default_factory=dict)  # priority name -> recent seconds
-    sizer: dict[str, dict[int, float]] = field(default_factory=dict)   # cost class -> batch size -> s per row
-    resent: int = 0      # rows sent again after the decoder replica holding them was lost (--engine ray)
-    trims: int = 0       # times freed memory was given back to the system after an idle spell
-    gathers: int = 0     # batches that waited for more file rows arriving (SchedulerOptions.gather_s)
-    gather_s: float = 0.0  # the time they waited, in all
-    # Where steps are captured (a GPU): workspaces held and the rows they have room for, workspaces and graphs
-    # dropped to make room, graph captures made (decoding/workspaces.py)
-    workspaces: int = 0
-    workspace_rows: int = 0
-    workspace_evictions: int = 0
-    graph_evictions: int = 0
-    graph_captures: int = 0
-    graph_capture_s: float = 0.0
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
-
-    def note_workspaces(self, stats: WorkspaceStats | None) -> None:
-        """The decoder's workspace figures after a batch (None: a decoder without workspaces)."""
-        if stats is not None:
-            self.workspaces, self.workspace_rows = stats.workspaces, stats.rows
-            self.workspace_evictions, self.graph_evictions = stats.evictions, stats.graph_evictions
-            self.graph_captures, self.graph_capture_s = stats.captures, stats.capture_s
-
-    def count_batch(self, clips: Sequence[np.ndarray], outcomes: Sequence, seconds: float) -> None:
-        """One decoded batch: its rows, time, and each row's audio and drafts (or its failure)."""
-        self.batches += 1
-        self.rows += len(clips)
-        self.rows_per_batch[len(clips)] = self.rows_per_batch.get(len(clips), 0) + 1
-        self.busy_s += seconds
-        for clip, outcome in zip(clips, outcomes):
-            if isinstance(outcome, BaseException):
-                self.failed += 1
-                continue
-            self.audio_s += clip.size / 16_000
-            self.drafted += outcome.stats.drafted
-            self.accepted += outcome.stats.accepted
 
 
 class Scheduler:
@@ -267,7 +104,7 @@ class Scheduler:
         self._metrics = SchedulerMetrics()
         self._untrimmed = False   # work was done since memory was last given back
         self._file_arrivals: deque[tuple[float, str, Future]] = deque(maxlen=2)   # the last two file requests
-        self._latencies = RecentLatencies(options.latency_window)
+        self._latencies = RecentLatencies(options.latency_window, PRIORITY_NAMES.values())
         self._worker = threading.Thread(target=self._run, name="asr-scheduler", daemon=True)
         self._worker.start()
 
@@ -507,7 +344,7 @@ class Scheduler:
                                                         *_loop_figures(outcomes))
             self._metrics.count_batch([r.clip for r in batch], outcomes, elapsed)
             for request in batch:
-                self._latencies.record(request.priority, now - request.submitted)
+                self._latencies.record(PRIORITY_NAMES[request.priority], now - request.submitted)
         for request, outcome in zip(batch, outcomes):
             if isinstance(outcome, BaseException):
                 request.future.set_exception(outcome)

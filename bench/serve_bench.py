@@ -73,7 +73,7 @@ class LockScheduler:
     """The engine before the scheduler: each caller decodes directly, under one lock for everyone."""
 
     def __init__(self, decoder) -> None:
-        from asr_app.scheduler import SchedulerMetrics
+        from asr_app.scheduler_metrics import SchedulerMetrics
         self.decoder, self.lock, self._metrics = decoder, threading.Lock(), SchedulerMetrics
 
     @property

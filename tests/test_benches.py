@@ -208,7 +208,7 @@ def test_serve_bench_tables_say_what_graphs_cost_and_which_answers_differed(monk
     assert "(15 answers unlike it)" in bench.streams_table(api_only)
     differ = bench.text_differences([Path("a.flac"), Path("b.flac")], ["x", "y"], [["x", "y"], ["x", "z"]])
     assert differ == [{"round": 1, "together": True, "request": 1, "clip": "b.flac", "transcribe": "y", "api": "z"}]
-    from asr_app.scheduler import SchedulerMetrics
+    from asr_app.scheduler_metrics import SchedulerMetrics
     before = SchedulerMetrics(workspaces=2, workspace_evictions=1, graph_captures=10, graph_capture_s=1.0)
     after = SchedulerMetrics(workspaces=3, workspace_evictions=1, graph_evictions=2, graph_captures=16,
                              graph_capture_s=1.5)

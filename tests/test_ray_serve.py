@@ -25,7 +25,7 @@ from websockets.asyncio.client import connect
 
 pytest.importorskip("ray.serve", reason="Ray Serve is part of the dev extra")
 
-from asr_app.scheduler import SchedulerMetrics  # noqa: E402
+from asr_app.scheduler_metrics import SchedulerMetrics  # noqa: E402
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))   # the bench's helpers that find and kill a busy replica
 from ray_serve_bench import kill_a_busy_replica, replica_pids  # noqa: E402

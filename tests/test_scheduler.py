@@ -13,8 +13,9 @@ import soundfile as sf
 from conftest import JFK_FLAC, lj_clip
 
 from asr_app.audio import load_audio
+from asr_app.batch_sizer import BatchSizer
 from asr_app.decoding import DecodingOptions, SpeculativeDecoder
-from asr_app.scheduler import FILE, LIVE, BatchSizer, Scheduler, SchedulerBusy, SchedulerOptions
+from asr_app.scheduler import FILE, LIVE, Scheduler, SchedulerBusy, SchedulerOptions
 
 CLIPS = ["LJ001-0002", "LJ001-0008", "LJ001-0004"]
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from asr_app.scheduler import SchedulerMetrics
+from asr_app.scheduler_metrics import SchedulerMetrics
 from asr_app.serve.metrics import metrics_text
 
 

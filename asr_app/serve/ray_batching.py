@@ -20,7 +20,8 @@ from ray import serve
 
 from asr_app.decoding.seeds import batch_options
 from asr_app.decoding.workspaces import keep_workspaces, workspace_stats
-from asr_app.scheduler import RecentLatencies, SchedulerMetrics, SchedulerOptions
+from asr_app.scheduler import PRIORITY_NAMES, SchedulerOptions
+from asr_app.scheduler_metrics import RecentLatencies, SchedulerMetrics
 from asr_app.serve.ray_engine import publish_metrics
 
 MAX_BATCH = 8
@@ -42,7 +43,7 @@ class ServeBatchedReplica:
         self.figures = SchedulerMetrics()
         self._lock = threading.Lock()
         self._in_flight = 0   # rows waiting for or in a batch (the scheduler's queue depth counts waiting rows only)
-        self._latencies = RecentLatencies(SchedulerOptions().latency_window)
+        self._latencies = RecentLatencies(SchedulerOptions().latency_window, PRIORITY_NAMES.values())
 
     async def decode(self, clip, options, prompt, hint, priority: int, session: str):
         started = time.monotonic()
@@ -54,7 +55,7 @@ class ServeBatchedReplica:
             with self._lock:
                 self._in_flight -= 1
         with self._lock:   # waiting plus decoding, failed rows too, as the scheduler counts a row's latency
-            self._latencies.record(priority, time.monotonic() - started)
+            self._latencies.record(PRIORITY_NAMES[priority], time.monotonic() - started)
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome

@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from asr_app.decoding.options import DecodingOptions, DecodingResult
-from asr_app.scheduler import FILE, ScheduledDecoder, SchedulerBusy, SchedulerClosed, SchedulerMetrics
+from asr_app.scheduler import FILE, ScheduledDecoder, SchedulerBusy, SchedulerClosed
+from asr_app.scheduler_metrics import SchedulerMetrics
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,80 @@
+"""What the scheduler reports (/metrics, the benches): counters of batches, rows, time and drafts, the
+decoder's workspace figures, and recent request latencies per kind of request."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from asr_app.decoding.workspaces import WorkspaceStats
+
+
+class RecentLatencies:
+    """The latest request latencies per kind of request ("live", "file"), a bounded window each (what
+    /metrics reports). Not locked: its owner records and reads it under its own lock."""
+
+    def __init__(self, window: int, kinds: Iterable[str]) -> None:
+        self._by_kind = {kind: deque(maxlen=window) for kind in kinds}
+
+    def record(self, kind: str, seconds: float) -> None:
+        self._by_kind[kind].append(seconds)
+
+    def snapshot(self) -> dict[str, list[float]]:
+        return {kind: list(values) for kind, values in self._by_kind.items()}
+
+
+@dataclass
+class SchedulerMetrics:
+    """What /metrics and the benches read (a consistent copy, see `Scheduler.metrics`)."""
+
+    queue_depth: int = 0
+    batches: int = 0
+    rows: int = 0
+    rows_per_batch: dict[int, int] = field(default_factory=dict)   # batch size -> batches of that size
+    failed: int = 0
+    busy_s: float = 0.0
+    audio_s: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    latencies: dict[str, list[float]] = field(default_factory=dict)  # priority name -> recent seconds
+    sizer: dict[str, dict[int, float]] = field(default_factory=dict)   # cost class -> batch size -> s per row
+    resent: int = 0      # rows sent again after the decoder replica holding them was lost (--engine ray)
+    trims: int = 0       # times freed memory was given back to the system after an idle spell
+    gathers: int = 0     # batches that waited for more file rows arriving (SchedulerOptions.gather_s)
+    gather_s: float = 0.0  # the time they waited, in all
+    # Where steps are captured (a GPU): workspaces held and the rows they have room for, workspaces and graphs
+    # dropped to make room, graph captures made (decoding/workspaces.py)
+    workspaces: int = 0
+    workspace_rows: int = 0
+    workspace_evictions: int = 0
+    graph_evictions: int = 0
+    graph_captures: int = 0
+    graph_capture_s: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    def note_workspaces(self, stats: WorkspaceStats | None) -> None:
+        """The decoder's workspace figures after a batch (None: a decoder without workspaces)."""
+        if stats is not None:
+            self.workspaces, self.workspace_rows = stats.workspaces, stats.rows
+            self.workspace_evictions, self.graph_evictions = stats.evictions, stats.graph_evictions
+            self.graph_captures, self.graph_capture_s = stats.captures, stats.capture_s
+
+    def count_batch(self, clips: Sequence[np.ndarray], outcomes: Sequence, seconds: float) -> None:
+        """One decoded batch: its rows, time, and each row's audio and drafts (or its failure)."""
+        self.batches += 1
+        self.rows += len(clips)
+        self.rows_per_batch[len(clips)] = self.rows_per_batch.get(len(clips), 0) + 1
+        self.busy_s += seconds
+        for clip, outcome in zip(clips, outcomes):
+            if isinstance(outcome, BaseException):
+                self.failed += 1
+                continue
+            self.audio_s += clip.size / 16_000
+            self.drafted += outcome.stats.drafted
+            self.accepted += outcome.stats.accepted
