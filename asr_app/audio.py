@@ -17,6 +17,10 @@ import soundfile as sf
 import soxr
 
 SAMPLE_RATE = 16_000
+# Rates audio may come at. Outside them a header is broken or lies: a file that claims 1 Hz would be
+# resampled 16,000-fold (hours of audio and gigabytes from a short file), so it is refused before that.
+MIN_RATE = 8_000
+MAX_RATE = 192_000
 WINDOW_SECONDS = 30.0  # Whisper's window: the encoder always sees 30 s (docs/ARCHITECTURE.md)
 # Extensions libsndfile decodes; `asr-transcribe` only picks these up from folders.
 AUDIO_EXTENSIONS = frozenset({".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au", ".caf"})
@@ -97,6 +101,11 @@ class AudioFileReader:
             self._file.close()
             raise AudioLoadError(f"{self.path}: contains no audio samples (zero length)")
         self.rate = self._file.samplerate
+        try:
+            check_sample_rate(self.rate, str(self.path))
+        except AudioLoadError:
+            self._file.close()
+            raise
         self._resampler = (soxr.ResampleStream(self.rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
                            if self.rate != SAMPLE_RATE else None)
         self._buffer = np.zeros(0, dtype=np.float32)
@@ -159,6 +168,15 @@ class ArrayAudio:
         pass
 
 
+def check_sample_rate(sample_rate: object, source: str) -> None:
+    """`AudioLoadError` unless `sample_rate` lies within MIN_RATE..MAX_RATE hertz."""
+    if isinstance(sample_rate, bool) or not isinstance(sample_rate, int | float | np.integer | np.floating):
+        raise AudioLoadError(f"{source}: invalid sample rate {sample_rate!r}")
+    if not MIN_RATE <= sample_rate <= MAX_RATE:
+        raise AudioLoadError(f"{source}: sample rate {float(sample_rate):.10g} Hz is outside the {MIN_RATE}-{MAX_RATE} Hz "
+                             "accepted (a header that claims less or more is broken)")
+
+
 def prepare_audio(samples: np.ndarray, sample_rate: int, *, source: str = "audio array") -> np.ndarray:
     """Any PCM array -> float32 mono 16 kHz.
 
@@ -167,8 +185,7 @@ def prepare_audio(samples: np.ndarray, sample_rate: int, *, source: str = "audio
     non-finite samples raise `AudioLoadError`.
     """
     samples = np.asarray(samples)
-    if sample_rate is None or sample_rate <= 0:
-        raise AudioLoadError(f"{source}: invalid sample rate {sample_rate!r}")
+    check_sample_rate(sample_rate, source)
     if samples.ndim == 2:
         if samples.shape[0] <= 8 < samples.shape[1]:
             samples = samples.T  # channels-first

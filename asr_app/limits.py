@@ -13,8 +13,7 @@ from pathlib import Path
 
 import soundfile as sf
 
-MIN_RATE = 8_000
-MAX_RATE = 192_000
+from asr_app.audio import MAX_RATE, MIN_RATE
 
 
 class LimitExceeded(ValueError):
@@ -63,8 +62,12 @@ class ServiceLimits:
             raise LimitExceeded(f"a chunk of {frames / rate:.1f} s is longer than the {self.max_chunk_s:g} s "
                                 "accepted per chunk")
 
-    def check_upload_bytes(self, size: int) -> None:
+    def check_upload_bytes(self, size: int, complete: bool = True) -> None:
+        """`size` bytes of an upload: the whole file, or (`complete=False`) as much of it as has arrived, whose
+        total is not known yet."""
         if size > self.max_upload_mb * 1e6:
+            if not complete:
+                raise LimitExceeded(f"the upload is larger than the {self.max_upload_mb:g} MB that is accepted")
             raise LimitExceeded(f"the upload is {size / 1e6:.1f} MB; at most {self.max_upload_mb:g} MB is accepted")
 
     def check_upload_file(self, path: str | Path) -> float:

@@ -50,6 +50,7 @@ MIN_TAIL_SECONDS = 0.1         # a shorter remainder is not worth a window (and 
 VAD_PAD_S = 0.2                # with --vad_filter, a window starts this much before the speech it found
 VAD_MIN_SKIP_S = 1.0           # ... when the speech starts more than this far into the window
 TEMPERATURE_FALLBACK = (0.2, 0.4, 0.6, 0.8, 1.0)   # openai/whisper's schedule after T = 0
+MEL_FRAMES_PER_SECOND = 100    # Whisper's feature frames (hop 160 samples): the unit of openai-whisper's `seek`
 
 __all__ = ["TranscribeOptions", "transcribe", "transcribe_many"]
 
@@ -369,14 +370,14 @@ def _decode_round(decoder: Decoder, jobs: list[_LongForm], decoding: DecodingOpt
         results = decoder.decode(windows, decoding, prompts=prompts)
     except Exception as exc:  # noqa: BLE001
         if len(jobs) == 1:
-            yield jobs[0], RuntimeError(f"{jobs[0].source}: decoding failed ({type(exc).__name__}: {exc})")
+            yield jobs[0], _decoding_failed(jobs[0], exc)
             return
         for job, window, prompt in zip(jobs, windows, prompts):
             t0 = time.perf_counter()
             try:
                 result = decoder.decode([window], decoding, prompts=[prompt])[0]
             except Exception as exc:  # noqa: BLE001
-                yield job, RuntimeError(f"{job.source}: decoding failed ({type(exc).__name__}: {exc})")
+                yield job, _decoding_failed(job, exc)
                 continue
             job.decode_s += time.perf_counter() - t0
             yield job, (result, time.perf_counter() - t0)
@@ -385,6 +386,14 @@ def _decode_round(decoder: Decoder, jobs: list[_LongForm], decoding: DecodingOpt
     for job, result in zip(jobs, results):
         job.decode_s += share
         yield job, (result, share)
+
+
+def _decoding_failed(job: _LongForm, exc: Exception) -> RuntimeError:
+    """The file's failure, naming it; the decoder's own error stays its cause (a server answers a timeout
+    or a full queue with "busy", not as bad audio)."""
+    failure = RuntimeError(f"{job.source}: decoding failed ({type(exc).__name__}: {exc})")
+    failure.__cause__ = exc
+    return failure
 
 
 def _advance(job: _LongForm, result: DecodingResult, ts_begin: int, decode_text: Callable[[list[int]], str],
@@ -400,16 +409,19 @@ def _advance(job: _LongForm, result: DecodingResult, ts_begin: int, decode_text:
     if any(s.words is not None for s in result.segments):
         attach_words(segments, [w for s in result.segments for w in s.words or []])
     offset = job.seek / SAMPLE_RATE
+    consumed = min(window_samples, max(1, int(round(advance * SAMPLE_RATE))))
+    ceiling = (job.seek + consumed) / SAMPLE_RATE   # the next window starts here
     floor = job.segments[-1].end if job.segments else 0.0
+    seek_frames = job.seek * MEL_FRAMES_PER_SECOND // SAMPLE_RATE
     for seg in segments:
-        # Absolute times, kept monotone (a segment never starts before the previous one ended).
+        # Absolute times, kept monotone (a segment never starts before the previous one ended, nor a word).
         start = max(offset + seg.start, floor)
         end = max(offset + seg.end, start)
-        words = shift_words(seg.words, offset, floor)
-        job.segments.append(Segment(round(start, 3), round(end, 3), seg.text, seg.tokens, words))
+        words = shift_words(seg.words, offset, floor, ceiling)
+        job.segments.append(Segment(round(start, 3), round(end, 3), seg.text, seg.tokens, words, seek_frames))
         job.context.append([_stamp(seg.start, ts_begin), *seg.tokens, _stamp(seg.end, ts_begin)])
         floor = end
-    job.seek += min(window_samples, max(1, int(round(advance * SAMPLE_RATE))))
+    job.seek += consumed
 
 
 def _stamp(seconds: float, ts_begin: int) -> int:

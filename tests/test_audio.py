@@ -15,6 +15,7 @@ from conftest import JFK_FLAC, lj_clip
 
 from asr_app.audio import (
     SAMPLE_RATE,
+    AudioFileReader,
     AudioLoadError,
     FileSource,
     MicrophoneError,
@@ -113,6 +114,23 @@ def test_nan_samples_in_file(tmp_path):
     sf.write(str(path), samples, 16_000, subtype="FLOAT")
     with pytest.raises(AudioLoadError, match=r"nan\.wav: 11 samples are NaN or infinite"):
         load_audio(path)
+
+
+@pytest.mark.parametrize("rate", [1, 4_000, 384_000])
+def test_rates_outside_8_to_192_khz_are_refused_before_resampling(tmp_path, rate):
+    """A header claiming 1 Hz would be resampled 16,000-fold (gigabytes from a 30 kB file): every reader
+    refuses it first, the in-memory one, the window-by-window one and the array one."""
+    path = tmp_path / "lies.wav"
+    sf.write(str(path), np.zeros(16_000, dtype=np.float32), rate)
+    message = rf"lies\.wav: sample rate {rate} Hz is outside the 8000-192000 Hz accepted"
+    with pytest.raises(AudioLoadError, match=message):
+        load_audio(path)
+    with pytest.raises(AudioLoadError, match=message):
+        AudioFileReader(path)
+    with pytest.raises(AudioLoadError, match="sample rate"):
+        prepare_audio(np.zeros(16, dtype=np.int16), rate)
+    for fine in (8_000, 192_000):
+        assert prepare_audio(np.zeros(fine // 100, dtype=np.float32), fine).size == 160
 
 
 def test_prepare_int16_browser_chunk_scales_by_full_range():

@@ -51,6 +51,9 @@ def build_corpus(folder: Path) -> dict[str, str | None]:
     cases["notes.mp3"] = "not a readable audio file"
     (folder / "loop.wav").symlink_to(folder / "loop.wav")
     cases["loop.wav"] = "symbolic links"
+    # A header that lies about its rate: read as 1 Hz, a second of speech would be 4.4 hours of audio.
+    sf.write(folder / "claims-1hz.wav", clip[:16_000], 1)
+    cases["claims-1hz.wav"] = "sample rate 1 Hz is outside the 8000-192000 Hz accepted"
     for rate in (8_000, 44_100, 96_000):
         sf.write(folder / f"rate-{rate}.wav", soxr.resample(clip, 16_000, rate), rate)
         cases[f"rate-{rate}.wav"] = None

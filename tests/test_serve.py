@@ -5,6 +5,7 @@ sentence, and the server keeps serving."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -162,9 +163,12 @@ def test_concurrent_requests_share_batches_and_match_one_at_a_time(service):
     ("empty.wav", b"", 400, "empty"),
     ("notes.txt", b"hello, this is not audio", 400, "not an audio file"),
     ("long.wav", wav_bytes(np.zeros(8_000 * 90, np.int16), 8_000), 413, "90 s of audio; at most 60 s"),
-    ("big.wav", wav_bytes(np.zeros(16_000 * 120, np.int16), 16_000), 413, "MB"),
+    # 3.84 MB: refused while it arrives, with the bound the server was given (--max-upload-mb 3)
+    ("big.wav", wav_bytes(np.zeros(16_000 * 120, np.int16), 16_000), 413,
+     "the upload is larger than the 3 MB that is accepted"),
     # past the bound with the form's overhead: refused by its Content-Length before the app reads it
-    ("huge.wav", wav_bytes(np.zeros(16_000 * 140, np.int16), 16_000), 413, "larger than"),
+    ("huge.wav", wav_bytes(np.zeros(16_000 * 140, np.int16), 16_000), 413,
+     "the request is 4.5 MB; uploads of at most 3 MB are accepted"),
 ])
 def test_bad_uploads_get_a_clear_4xx_and_the_server_goes_on(service, name, body, status, phrase):
     url, folder, _ = service
@@ -198,11 +202,41 @@ def test_wrong_key_unknown_model_and_bad_options_are_refused(service):
                                                          extra_body={"mode": "turbo"}), 400, "mode"),
         (lambda: client(url).audio.translations.create(model="whisper-1", file=("a.flac", audio)), 400,
          "multilingual"),
+        (lambda: client(url).audio.transcriptions.create(model="whisper-1", file=("a.flac", audio), language="xx"),
+         400, "unknown language 'xx'"),
+        (lambda: client(url).audio.transcriptions.create(model="whisper-1", file=("a.flac", audio), language="fr"),
+         400, "English-only model"),
     ]
     for call, status, phrase in cases:
         with pytest.raises(openai.APIStatusError) as caught:
             call()
         assert caught.value.status_code == status and phrase in caught.value.body["message"], caught.value.body
+    assert healthy(url)
+
+
+def test_requests_outside_the_api_get_its_error_shape_and_names_work_as_codes(service):
+    """An unknown path or method and a text where the file should be: OpenAI's error body, one sentence, no
+    Python internals. A language given by name ("English", as the CLIs take it) is its code, and the
+    granularities field is read without its brackets too."""
+    import httpx
+
+    url, _, _ = service
+    auth = {"Authorization": f"Bearer {KEY}"}
+    for method, path, status, phrase in [("GET", "/v1/nothing", 404, "there is no /v1/nothing here"),
+                                         ("GET", "/v1/audio/transcriptions", 405, "GET is not accepted")]:
+        answer = httpx.request(method, url + path, headers=auth, timeout=30)
+        assert answer.status_code == status and phrase in answer.json()["error"]["message"], answer.text
+    answer = httpx.post(url + "/v1/audio/transcriptions", headers=auth, timeout=30,
+                        data={"model": "whisper-1", "file": "not-a-file"})
+    message = answer.json()["error"]["message"]
+    assert answer.status_code == 400 and "multipart" in message and "class" not in message, message
+    with open(lj_clip("LJ001-0002"), "rb") as f:
+        answer = httpx.post(url + "/v1/audio/transcriptions", headers=auth, timeout=120,
+                            files={"file": ("short.flac", f.read())},
+                            data={"model": "whisper-1", "language": "English", "response_format": "verbose_json",
+                                  "timestamp_granularities": "word"})
+    body = answer.json()
+    assert answer.status_code == 200 and body["language"] == "english" and body["words"], body
     assert healthy(url)
 
 
@@ -340,28 +374,63 @@ def test_translation_and_language_detection_on_the_multilingual_model(tmp_path):
         stop(proc)
 
 
-def test_a_flush_answers_within_the_request_timeout(tiny_en_pair):
-    """A client's flush holds a server thread at most the request timeout: past it the client hears why, and
-    the session goes on to its final text. (An in-process uvicorn on a real port, with a 20 ms timeout that
-    one decode of 8 s of speech always exceeds on a CPU.)"""
+@contextlib.contextmanager
+def in_process_server(engine):
+    """`asr-serve`'s app for `engine` (API only) in uvicorn on a free loopback port, in this process."""
     import threading
 
     import uvicorn
 
-    from asr_app.audio import load_audio
-    from asr_app.limits import ServiceLimits
     from asr_app.serve.app import build_app
-    from asr_app.ui.engine import UiEngine
 
-    engine = UiEngine(pair=tiny_en_pair, limits=ServiceLimits(request_timeout_s=0.02))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app(engine, mount_ui=False), host="127.0.0.1", port=port,
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        engine.scheduler.close()
+
+
+def test_a_request_past_the_timeout_is_told_the_service_is_busy(tiny_en_pair):
+    """A transcription that waited past --request-timeout is the server's overload, not bad audio: 503 with
+    one sentence (which OpenAI's client retries), plain and streamed."""
+    from asr_app.limits import ServiceLimits
+    from asr_app.ui.engine import UiEngine
+
+    engine = UiEngine(pair=tiny_en_pair, limits=ServiceLimits(request_timeout_s=0.02))
+    with in_process_server(engine) as port:
+        api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
+        with pytest.raises(openai.InternalServerError) as refused:
+            api.audio.transcriptions.create(model="whisper-1", file=JFK_FLAC.open("rb"))
+        # streamed: the answer has begun (200), so the refusal is an error event, which the client raises
+        with JFK_FLAC.open("rb") as audio, pytest.raises(openai.APIError) as streamed:
+            list(api.audio.transcriptions.create(model="whisper-1", file=audio, stream=True))
+    assert refused.value.status_code == 503
+    message = refused.value.body["message"]
+    assert message.startswith("the service is busy: ") and "0.02 s" in message and "Error" not in message, message
+    assert streamed.value.body == {"message": message, "code": 503}, streamed.value.body
+
+
+def test_a_flush_answers_within_the_request_timeout(tiny_en_pair):
+    """A client's flush holds a server thread at most the request timeout: past it the client hears why, and
+    the session goes on to its final text. (An in-process uvicorn on a real port, with a 20 ms timeout that
+    one decode of 8 s of speech always exceeds on a CPU.)"""
+    from asr_app.audio import load_audio
+    from asr_app.limits import ServiceLimits
+    from asr_app.ui.engine import UiEngine
+
+    engine = UiEngine(pair=tiny_en_pair, limits=ServiceLimits(request_timeout_s=0.02))
     pcm = (np.clip(load_audio(str(JFK_FLAC))[: 8 * 16_000], -1, 1) * 32767).astype("<i2")
 
-    async def flush_then_stop() -> list[dict]:
+    async def flush_then_stop(port: int) -> list[dict]:
         async with connect(f"ws://127.0.0.1:{port}/v1/live?sample_rate=16000&mode=exact") as ws:
             events = [json.loads(await ws.recv())]
             await ws.send(pcm.tobytes())
@@ -373,15 +442,8 @@ def test_a_flush_answers_within_the_request_timeout(tiny_en_pair):
                 events.append(json.loads(message))
             return events
 
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        events = asyncio.run(flush_then_stop())
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        engine.scheduler.close()
+    with in_process_server(engine) as port:
+        events = asyncio.run(flush_then_stop(port))
     errors = [e for e in events if e["kind"] == "error"]
     assert any(e.get("command") == "flush" and "not decoded within 0.02 s" in e["message"] for e in errors), events
     assert "flushed" not in [e["kind"] for e in events]

@@ -8,6 +8,7 @@ import json
 import jiwer
 import numpy as np
 import pytest
+import soundfile as sf
 from conftest import DISTIL_DRAFT_DIR, JFK_FLAC, TINY_EN_DIR, lj_clip, lj_text, normalise
 
 from asr_app.audio import SAMPLE_RATE, FileSource, load_audio
@@ -318,6 +319,15 @@ def test_asr_stream_jsonl_events(stream_cli, capsys):
     committed = " ".join(e["text"] for e in events if e["kind"] == "commit")
     assert normalise(committed) == "in being comparatively modern"
     assert [e["emitted_at"] for e in events] == sorted(e["emitted_at"] for e in events)
+
+
+def test_asr_stream_refuses_a_file_claiming_1_hz_in_one_line(stream_cli, capsys, tmp_path):
+    """Read as 1 Hz, a second of audio would be resampled into 4.4 hours (it ran out of memory before)."""
+    lying = tmp_path / "lying.wav"
+    sf.write(str(lying), np.zeros(16_000, dtype=np.float32), 1)
+    assert stream_cli.main(["--simulate", str(lying), "--fast", *MODEL_ARGS]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "sample rate 1 Hz is outside" in err and "Traceback" not in err
 
 
 def test_asr_stream_ctrl_c_flushes_last_words(stream_cli, capsys, monkeypatch):

@@ -180,6 +180,15 @@ def test_long_form_words_are_absolute_and_follow_their_segments(decoder):
         assert all(segment.start - 0.5 <= w.start <= segment.end + 0.5 for w in segment.words), segment
     starts = [w.start for s in result.segments for w in s.words]
     assert starts == sorted(starts) and starts[-1] > 30.0
+    # Across a window's edge too, a word ends before the next one starts: the audio after the point where the
+    # next window starts is decoded again, so a word of this window cannot run past it.
+    words = [w for s in result.segments for w in s.words]
+    overlaps = [(a, b) for a, b in zip(words, words[1:]) if a.end > b.start]
+    assert not overlaps, overlaps
+    # Each segment names its window's start in 10 ms frames (openai-whisper's seek), as the API reports it.
+    seeks = [s.seek for s in result.segments]
+    assert seeks[0] == 0 and seeks == sorted(seeks) and seeks[-1] > 0, seeks
+    assert all(s.seek / 100 <= s.start + 1e-6 < s.seek / 100 + 30 for s in result.segments)
 
 
 def test_dtw_breaks_ties_diagonal_first_then_next_token_then_next_frame():

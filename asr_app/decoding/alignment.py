@@ -218,14 +218,16 @@ def attach_words(segments: list[Segment], words: list[Word]) -> None:
         first += len(word.tokens)
 
 
-def shift_words(words: list[Word] | None, offset: float, floor: float) -> list[Word] | None:
-    """Window-relative word times -> absolute ones, never before `floor` (the previous segment's end)."""
+def shift_words(words: list[Word] | None, offset: float, floor: float,
+                ceiling: float = float("inf")) -> list[Word] | None:
+    """Window-relative word times -> absolute ones, never before `floor` (the previous segment's end) nor past
+    `ceiling` (where the next window starts: the audio after it is decoded again, and its words start there)."""
     if words is None:
         return None
     out = []
     for w in words:
-        start = max(round(offset + w.start, 3), floor)
-        end = max(round(offset + w.end, 3), start)
+        start = min(max(round(offset + w.start, 3), floor), ceiling)
+        end = min(max(round(offset + w.end, 3), start), max(ceiling, start))
         out.append(Word(w.word, start, end, w.probability, w.tokens))
         floor = start
     return out

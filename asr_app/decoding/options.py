@@ -154,6 +154,9 @@ class Segment:
     text: str
     tokens: list[int]
     words: list[Word] | None = None  # with DecodingOptions(word_timestamps=True)
+    # Long-form: where the segment's 30 s window started, in 10 ms frames (openai-whisper's `seek`; the API's
+    # verbose_json). Not in the files asr-transcribe writes.
+    seek: int = field(default=0, metadata={"json": False})
 
 
 _SUMMED = ("tokens_out", "target_calls", "drafted", "accepted", "hint_steps", "hinted", "hint_accepted",

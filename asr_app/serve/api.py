@@ -102,8 +102,7 @@ def build_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
             transcript = await run_in_threadpool(run_transcription, engine, req, path, None, None)
         except Exception as exc:  # noqa: BLE001 - every failure is an answer, never a traceback
             refusal = refusal_for(exc)
-            log.log(logging.ERROR if refusal.status >= 500 else logging.INFO, "transcription refused: %s",
-                    refusal.message, exc_info=refusal.status >= 500)
+            log_refusal(refusal, "transcription refused")
             raise refusal from None
         finally:
             shutil.rmtree(folder, ignore_errors=True)
@@ -115,9 +114,12 @@ def build_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
                              response_format: str = Form("json"), temperature: float | None = Form(None),
                              timestamp_granularities: list[str] | None = Form(None,
                                                                               alias="timestamp_granularities[]"),
+                             # the same field without the brackets (curl users write it so)
+                             granularities_plain: list[str] | None = Form(None, alias="timestamp_granularities"),
                              stream: bool = Form(False), mode: str | None = Form(None)) -> Response:
+        granularities = [*(timestamp_granularities or ()), *(granularities_plain or ())] or None
         return await handle("transcribe", request, file, model, language, prompt, response_format, temperature,
-                            timestamp_granularities, stream, mode)
+                            granularities, stream, mode)
 
     @router.post("/v1/audio/translations")
     async def translations(request: Request, file: UploadFile = File(...), model: str = Form(...),
@@ -165,7 +167,7 @@ async def spool(file: UploadFile, folder: Path, engine: UiEngine) -> Path:
     with path.open("wb") as out:
         while chunk := await file.read(SPOOL_CHUNK):
             size += len(chunk)
-            engine.limits.check_upload_bytes(size)
+            engine.limits.check_upload_bytes(size, complete=False)
             out.write(chunk)
     if size == 0:
         raise LimitExceeded("the uploaded file is empty")
@@ -211,7 +213,9 @@ async def stream_events(engine: UiEngine, req: TranscriptionRequest, path: Path,
             transcript = run_transcription(engine, req, path, on_segments, cancelled)
             loop.call_soon_threadsafe(queue.put_nowait, ("done", transcript.text))
         except Exception as exc:  # noqa: BLE001 - reported in the stream
-            loop.call_soon_threadsafe(queue.put_nowait, ("error", refusal_for(exc)))
+            refusal = refusal_for(exc)
+            log_refusal(refusal, "streamed transcription ended")
+            loop.call_soon_threadsafe(queue.put_nowait, ("error", refusal))
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -242,16 +246,37 @@ def refusal_for(exc: BaseException) -> Refusal:
         return exc
     if isinstance(exc, LimitExceeded):
         return Refusal(413 if "is accepted" in str(exc) else 400, str(exc))
-    if isinstance(exc, SchedulerBusy | TimeoutError):
-        return Refusal(503, f"the service is busy: {exc}", "server_busy")
-    if isinstance(exc, SchedulerClosed):
-        return Refusal(503, "the service is shutting down", "server_busy")
+    for cause in _causes(exc):   # a window's decode failed for want of the decoder: the service, not the audio
+        if isinstance(cause, SchedulerBusy | TimeoutError):
+            return Refusal(503, f"the service is busy: {cause}", "server_busy")
+        if isinstance(cause, SchedulerClosed):
+            return Refusal(503, "the service is shutting down", "server_busy")
     message = str(exc).split("\n")[0]
     marker = tempfile.gettempdir() + "/"
     while marker in message:   # "/tmp/asr_serve_x/a.wav" -> "a.wav"
         head, _, rest = message.partition(marker)
         message = head + rest.split("/", 1)[-1]
     return Refusal(400, f"the audio could not be transcribed: {message}")
+
+
+def log_refusal(refusal: Refusal, what: str) -> None:
+    """Bad input at INFO; the service too busy at WARNING (an overload, not a fault); any other 5xx at ERROR
+    with its traceback."""
+    if refusal.status < 500:
+        log.info("%s: %s", what, refusal.message)
+    elif refusal.code == "server_busy":
+        log.warning("%s: %s", what, refusal.message)
+    else:
+        log.error("%s: %s", what, refusal.message, exc_info=True)
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """`exc` and what caused it, outermost first (a bounded walk: a cycle of causes ends it)."""
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain and len(chain) < 8:
+        chain.append(exc)
+        exc = exc.__cause__
+    return chain
 
 
 def render(req: TranscriptionRequest, transcript: Transcript) -> Response:
@@ -275,7 +300,7 @@ def verbose(req: TranscriptionRequest, transcript: Transcript) -> dict:
     body: dict = {"task": req.task, "language": language, "duration": transcript.duration,
                   "text": transcript.text.strip()}
     if "word" not in req.granularities or "segment" in req.granularities or not req.granularities:
-        body["segments"] = [{"id": i, "seek": 0, "start": s.start, "end": s.end, "text": s.text,
+        body["segments"] = [{"id": i, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text,
                              "tokens": list(s.tokens), "temperature": float(max(temperatures)),
                              "avg_logprob": None, "compression_ratio": round(compression_ratio(s.text), 3),
                              "no_speech_prob": None}

@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asr_app.limits import LimitExceeded
@@ -27,10 +28,12 @@ FORM_OVERHEAD_BYTES = 1 << 20   # multipart headers and the other fields around 
 class BodyLimit:
     """Refuses a request body past a bound while it arrives: by its Content-Length before reading it, and by
     counting the bytes of a body sent without one (chunked), so a client cannot make the server spool
-    more than the limit to disk."""
+    more than the limit to disk. The bound is the upload limit (`limit_mb`, what refusals name) plus room
+    for the form around the file."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, answers: dict[str, int] | None = None) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, limit_mb: float, answers: dict[str, int] | None = None) -> None:
+        self.app, self.limit_mb = app, limit_mb
+        self.max_bytes = int(limit_mb * 1e6) + FORM_OVERHEAD_BYTES
         self.answers = answers if answers is not None else {}   # /metrics' count: this layer answers first
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -39,7 +42,7 @@ class BodyLimit:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send)
+            await self._refuse(send, int(declared))
             return
         seen = 0
 
@@ -48,14 +51,15 @@ class BodyLimit:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:
-                raise LimitExceeded(f"the upload is larger than the {self.max_bytes / 1e6:.0f} MB that is accepted")
+                raise LimitExceeded(f"the upload is larger than the {self.limit_mb:g} MB that is accepted")
             return message
 
         await self.app(scope, counted, send)
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, send: Send, declared: int) -> None:
         self.answers["4xx"] = self.answers.get("4xx", 0) + 1
-        response = error_response(413, f"the upload is larger than the {self.max_bytes / 1e6:.0f} MB accepted")
+        response = error_response(413, f"the request is {declared / 1e6:.1f} MB; uploads of at most "
+                                       f"{self.limit_mb:g} MB are accepted")
         await response(scope={"type": "http"}, receive=None, send=send)  # type: ignore[arg-type]
 
 
@@ -74,8 +78,7 @@ def build_app(engine: UiEngine, access: AccessSettings = AccessSettings(), mount
     if access.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(access.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
-    app.add_middleware(BodyLimit, max_bytes=int(engine.limits.max_upload_mb * 1e6) + FORM_OVERHEAD_BYTES,
-                       answers=answers)
+    app.add_middleware(BodyLimit, limit_mb=engine.limits.max_upload_mb, answers=answers)
 
     @app.get("/health")
     def health() -> dict:
@@ -119,7 +122,22 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def on_invalid(_request: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {}
         field = ".".join(str(p) for p in first.get("loc", ())[1:]) or "request"
+        if field == "file" and first.get("type") != "missing":   # a text field where the audio should be
+            return error_response(400, "file: send the audio as a file part of a multipart form "
+                                       "(-F file=@audio.wav), not as text")
         return error_response(400, f"{field}: {first.get('msg', 'invalid value')}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException) -> Response:
+        """An unknown path or method in OpenAI's error shape, with one sentence."""
+        if exc.status_code == 404:
+            message = f"there is no {request.url.path} here; the API is /v1/audio/transcriptions, " \
+                      "/v1/audio/translations, /v1/models and /v1/live"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not accepted for {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return error_response(exc.status_code, message)
 
     @app.exception_handler(Exception)
     async def on_error(_request: Request, exc: Exception) -> Response:

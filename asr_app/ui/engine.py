@@ -16,7 +16,7 @@ from typing import Any
 from asr_app.arguments import fallback_schedule
 from asr_app.decoding import DecodingOptions, SpeculativeDecoder
 from asr_app.decoding.options import UI_MODES
-from asr_app.languages import LANGUAGES
+from asr_app.languages import LANGUAGES, language_code
 from asr_app.limits import ServiceLimits
 from asr_app.models import ModelPair
 from asr_app.scheduler import FILE, LIVE, ScheduledDecoder, Scheduler
@@ -85,18 +85,24 @@ class UiEngine:
             raise ValueError(f"mode {mode!r} is not available here (choose from {', '.join(self.modes)})")
         if not 0.0 <= float(temperature) <= 1.0:
             raise ValueError(f"temperature {temperature} is out of range (0 to 1)")
-        language = language or "auto"
+        code = self._language_code(language)
         if "auto" not in self.languages:  # an English-only model: "auto" means English too
-            if language not in ("auto", "en"):
+            if code not in (None, "en"):
                 raise ValueError(f"language {language!r} is not available: this is an English-only model")
             code = "en"
-        elif language == "auto":
-            code = None  # detected per window
-        elif language in self.languages:
-            code = language
-        else:
-            raise ValueError(f"unknown language {language!r}")
         return replace(self.base_options, mode=mode, temperature=float(temperature), language=code, **overrides)
+
+    @staticmethod
+    def _language_code(language: str | None) -> str | None:
+        """None for "auto" (detected per window), else the code of a code or name Whisper knows ("fr",
+        "French")."""
+        if not language or language.strip().lower() == "auto":
+            return None
+        try:
+            return language_code(language)
+        except ValueError:
+            raise ValueError(f"unknown language {language!r}: give a code such as 'en' or 'fr', a name such as "
+                             "'French', or 'auto'") from None
 
     def session_decoder(self, mode: str, temperature: float, language: str = "auto", *, live: bool = False,
                         session: str = "", **overrides: Any) -> ScheduledDecoder:
