@@ -337,6 +337,118 @@ def test_bad_input_gets_one_clear_line(workspace, cli_run, capsys, monkeypatch):
     assert not list((ws / "empty-cache").rglob("*.safetensors")) and not list((ws / "empty-cache").rglob(".tmp*"))
 
 
+def forbid_model_loads(monkeypatch) -> None:
+    """A model load fails the test: the checks under test must answer before any."""
+    def load_pair(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("asr_app.distill.pipeline.load_pair", load_pair)
+
+
+def test_an_unwritable_out_is_refused_before_any_model_loads(workspace, tmp_path, capsys, monkeypatch):
+    """An --out that cannot be made (in /proc; below a file) is one line naming it and why, before any model
+    loads (it was a traceback once the target had loaded); a file as --out keeps its own line."""
+    forbid_model_loads(monkeypatch)
+    (tmp_path / "a-file").write_text("")
+    outs = {tmp_path / "a-file" / "draft": "Not a directory"}
+    if Path("/proc/self").is_dir():   # no folder can be made in /proc, whoever runs the test
+        outs[Path("/proc/asr-distill-test/draft")] = ""
+    for out, why in outs.items():
+        code, err = run_cli(capsys, "--target", str(workspace / "target"), "--audio", str(workspace / "train"),
+                            "--out", str(out))
+        assert code == 2 and len(err.splitlines()) == 1 and not out.exists(), err
+        assert err.startswith(f"asr-distill: error: cannot write the draft to --out {out}: {why}"), err
+    code, err = run_cli(capsys, "--target", str(workspace / "target"), "--audio", str(workspace / "train"),
+                        "--out", str(tmp_path / "a-file"))
+    assert code == 2 and "a-file exists and is not an empty folder" in err and len(err.splitlines()) == 1
+
+
+def unusable_audio(folder: Path) -> Path:
+    """A header claiming 1 Hz (16 samples would pass for 16 s), a text named .wav and an empty .wav."""
+    import soundfile as sf
+
+    folder.mkdir()
+    sf.write(str(folder / "one-hz.wav"), np.zeros(16, np.int16), 1)
+    (folder / "text.wav").write_text("not audio " * 100)
+    (folder / "empty.wav").write_bytes(b"")
+    return folder
+
+
+def test_audio_with_nothing_usable_stops_before_any_model_loads(workspace, tmp_path, capsys, monkeypatch):
+    """Each unusable file gets a line saying which and why, from its header alone; then one error, and --out is
+    left untouched (no run.json to block the same command once the audio is fixed)."""
+    forbid_model_loads(monkeypatch)
+    bad = unusable_audio(tmp_path / "bad")
+    common = ["--target", str(workspace / "target"), "--device", "cpu", "--cache", str(tmp_path / "cache")]
+    for audio, held in ((bad, workspace / "held"), (workspace / "train", bad)):
+        out = tmp_path / f"out-{audio.name}"
+        code = cli.main([*common, "--audio", str(audio), "--eval-audio", str(held), "--out", str(out)])
+        lines = capsys.readouterr().err.splitlines()
+        assert code == 2 and not out.exists(), lines
+        assert lines[-1].startswith("asr-distill: error: no usable ") and str(bad) in lines[-1]
+        skipped = sorted(line for line in lines if line.startswith("skipped: "))
+        assert len(skipped) == 3 and len(lines) == 4, lines
+        assert f"{bad / 'empty.wav'}: file is empty" in skipped[0]
+        assert f"{bad / 'one-hz.wav'}: sample rate 1 Hz is outside" in skipped[1]
+        assert f"{bad / 'text.wav'}: not a readable audio file" in skipped[2]
+
+
+def test_clips_that_fail_to_decode_are_named_and_do_not_block_a_rerun(workspace, tmp_path, capsys):
+    """Headers that read well over audio that does not (NaN samples, a FLAC cut mid-stream) pass the check
+    before the target loads; the teacher pass names each, and the error says the clips were unreadable (not
+    that labels hit max_new_tokens). The run.json of a run that trained nothing does not block its command."""
+    import soundfile as sf
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    samples = np.zeros(16_000, np.float32)
+    samples[::2] = np.nan
+    sf.write(str(bad / "nan.wav"), samples, 16_000, subtype="FLOAT")
+    noise = 0.3 * np.random.default_rng(0).standard_normal(48_000).astype(np.float32)
+    sf.write(str(tmp_path / "whole.flac"), noise, 16_000)
+    whole = (tmp_path / "whole.flac").read_bytes()
+    (bad / "cut.flac").write_bytes(whole[: len(whole) // 2])
+    argv = ["--target", str(workspace / "target"), "--audio", str(bad), "--holdout", "0", "--out",
+            str(tmp_path / "out"), "--cache", str(tmp_path / "cache"), "--device", "cpu", "--steps", "1"]
+    for _ in range(2):   # the second time, the run.json of the first must not stand in its way
+        code = cli.main(argv)
+        lines = capsys.readouterr().err.splitlines()
+        assert code == 2, lines
+        assert lines[-1].startswith("asr-distill: error: none of the 2 training clip(s) could be read"), lines
+        assert "max_new_tokens" not in lines[-1]
+        assert any(f"skipped: {bad / 'nan.wav'}: 8000 samples are NaN" in line for line in lines)
+        assert any(f"skipped: {bad / 'cut.flac'}: not a readable audio file" in line for line in lines)
+
+
+def test_a_baseline_draft_that_does_not_fit_is_refused_before_the_teacher_pass(workspace, tmp_path, capsys,
+                                                                                monkeypatch):
+    """A baseline draft of another vocabulary is refused as --baseline-draft, naming its folder, before any clip
+    is labelled (it was found only at the evaluation, after the training, and called the distilled draft)."""
+    from transformers import WhisperForCausalLM
+
+    from asr_app.distill.evaluate import in_decoder
+    from asr_app.models.errors import ModelLoadError
+
+    draft = WhisperForCausalLM.from_pretrained(workspace / "baseline")
+    draft.resize_token_embeddings(draft.config.vocab_size + 1)
+    draft.save_pretrained(tmp_path / "wide")
+
+    def no_teacher_pass(*args, **kwargs):
+        raise AssertionError("the teacher pass ran")
+
+    monkeypatch.setattr("asr_app.distill.pipeline.teacher_pass", no_teacher_pass)
+    code, err = run_cli(capsys, "--target", str(workspace / "target"), "--audio", str(workspace / "train"),
+                        "--eval-audio", str(workspace / "held"), "--out", str(tmp_path / "out"),
+                        "--baseline-draft", str(tmp_path / "wide"))
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"--baseline-draft {tmp_path / 'wide'} does not fit the target" in err and "51865" in err
+    assert not (tmp_path / "out").exists()
+    # The evaluation names the draft it measures (a baseline no longer reaches it unchecked, another caller may).
+    pair = load_pair(target=str(workspace / "target"), draft="none", device="cpu")
+    with pytest.raises(ModelLoadError, match="draft 'the baseline draft wide' has 51865"):
+        in_decoder(pair, draft, [], [], EvalOptions(), draft_name="the baseline draft wide")
+
+
 def test_teacher_batches_hold_one_language_and_languages_take_turns():
     """--language folder: a batch decodes once per variant only if its clips share a language; the languages
     take turns, so a pass stopped part way has labelled a sample of each; within one, content-hash order with a

@@ -37,7 +37,7 @@ class RunFile:
     def read(self) -> dict | None:
         try:
             return json.loads(self.path.read_text())
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):   # no run yet; an --out that is no folder is refused later
             return None
         except (OSError, ValueError) as exc:
             raise DistillError(f"{self.path} cannot be read ({exc}); remove the folder or choose another --out") from exc

@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 
-from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS, AudioLoadError, is_audio_path, load_audio
+from asr_app.audio import (
+    SAMPLE_RATE,
+    WINDOW_SECONDS,
+    AudioLoadError,
+    check_sample_rate,
+    is_audio_path,
+    load_audio,
+)
 from asr_app.distill.errors import DistillError
 from asr_app.folders import files_under
 from asr_app.languages import LANGUAGES
@@ -90,14 +97,26 @@ def file_hash(path: Path) -> str:
     return digest.hexdigest()[:24]
 
 
-def _file_clips(path: Path, language: str | None) -> list[Clip]:
-    """The windows of one file (AudioLoadError / OSError when it cannot be used)."""
+def _header_seconds(path: Path) -> float:
+    """The file's length from its header alone (AudioLoadError / OSError when it cannot be used): cheap, so
+    every file is checked before any model loads, not found broken half way through the teacher pass."""
+    if path.stat().st_size == 0:
+        raise AudioLoadError(f"{path}: file is empty (0 bytes)")
     try:
-        seconds = sf.info(str(path)).duration
+        info = sf.info(str(path))
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
         raise AudioLoadError(f"{path}: not a readable audio file ({exc})") from exc
-    if not seconds > 0:
-        raise AudioLoadError(f"{path}: contains no audio")
+    if not info.frames > 0:
+        raise AudioLoadError(f"{path}: contains no audio (0 frames)")
+    check_sample_rate(info.samplerate, str(path))   # a 1 Hz header would pass for hours of audio
+    return info.frames / info.samplerate
+
+
+def _file_clips(path: Path, language: str | None) -> list[Clip]:
+    """The windows of one file (AudioLoadError / OSError when it cannot be used)."""
+    seconds = _header_seconds(path)
+    if seconds < MIN_SECONDS:
+        raise AudioLoadError(f"{path}: {seconds:.2f} s of audio, shorter than the {MIN_SECONDS} s a clip needs")
     digest = file_hash(path)
     windows = max(1, math.ceil(seconds / WINDOW_SECONDS))
     clips = []
@@ -108,9 +127,16 @@ def _file_clips(path: Path, language: str | None) -> list[Clip]:
     return clips
 
 
-def inventory(sources: Sequence[Path], role: str = "training") -> Inventory:
-    """The clips of every usable file under `sources`; DistillError when there is none."""
+def _ignore(line: str) -> None:
+    """Where no one listens for skipped files (the error when none is left still says why)."""
+
+
+def inventory(sources: Sequence[Path], role: str = "training", skip: Callable[[str], None] = _ignore) -> Inventory:
+    """The clips of every usable file under `sources`; `skip` hears one line for each file left out (which
+    and why), as it is found; DistillError when there is none."""
     files, skipped = audio_files(sources)
+    for line in skipped:
+        skip(line)
     folders = [Path(s) for s in sources if Path(s).is_dir()]
     clips: list[Clip] = []
     keys: set[str] = set()
@@ -123,13 +149,14 @@ def inventory(sources: Sequence[Path], role: str = "training") -> Inventory:
             fresh = [c for c in _file_clips(path, language) if c.key not in keys]
         except (AudioLoadError, OSError) as exc:
             skipped.append(str(exc))
+            skip(str(exc))
             continue
         keys.update(c.key for c in fresh)
         clips += fresh
     if not clips:
         where = ", ".join(str(s) for s in sources)
         why = f"; first problem: {skipped[0]}" if skipped else ""
-        raise DistillError(f"no usable {role} audio in {where}: {len(files)} audio file(s) found, none readable "
+        raise DistillError(f"no usable {role} audio in {where}: {len(files)} audio file(s) found, none usable "
                            f"(extensions read: wav, flac, ogg, opus, mp3, ...){why}")
     return Inventory(clips, len(files), skipped)
 

@@ -135,14 +135,16 @@ def _clip_options(base: DecodingOptions, languages: Sequence[str | None], given:
 
 def in_decoder(pair: ModelPair, draft, clips: Sequence[np.ndarray], names: Sequence[str], options: EvalOptions,
                max_new_tokens: int = 224, runtime: RuntimeOptions = RuntimeOptions(),
-               languages: Sequence[str | None] | None = None) -> InDecoder:
+               languages: Sequence[str | None] | None = None,
+               draft_name: str = "the distilled draft") -> InDecoder:
     """The draft in the project's decoder beside `pair.target` (its encoder shared), greedy, with the
     teacher pass's token limit. The clips decode in the language the target detects, as a user's do, or
     with `options.language` "given" in `languages` (their folders' languages) where known; the per-language
-    figures group them by `languages` where given."""
-    check_pair(pair.target, draft, pair.target_name, "the distilled draft")
+    figures group them by `languages` where given. `draft_name` names the draft in an error: the new draft
+    and a baseline are measured alike."""
+    check_pair(pair.target, draft, pair.target_name, draft_name)
     with_draft = ModelPair(pair.target, draft, pair.processor, pair.device, pair.dtype, True, pair.target_name,
-                           "distilled draft")
+                           draft_name)
     decoder = SpeculativeDecoder(with_draft, DecodingOptions(mode="off"), runtime)
     multilingual = bool(getattr(pair.target.generation_config, "is_multilingual", False))
     languages = list(languages or [None] * len(clips))

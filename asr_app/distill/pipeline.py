@@ -9,10 +9,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import hashlib
 import json
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,7 +39,8 @@ from asr_app.distill.train import StepLog, Trainer, TrainResult
 from asr_app.distill.vocab import label_ranking
 from asr_app.models import ct2
 from asr_app.models.bundled import load_bundled_draft
-from asr_app.models.loading import ModelPair, load_pair
+from asr_app.models.errors import ModelLoadError
+from asr_app.models.loading import ModelPair, check_pair, load_pair
 from asr_app.models.presets import BUNDLED
 from asr_app.runtime.vocab import (
     RANKING_ATTR,
@@ -48,6 +51,7 @@ from asr_app.runtime.vocab import (
 )
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
+TEACHER_STAGE = "teacher pass"   # run.json's status until training starts
 
 
 class Reporter:
@@ -68,6 +72,7 @@ class TeacherStats:
     reused: int = 0
     failed: int = 0
     seconds: float = 0.0
+    unreadable: dict[str, str] = field(default_factory=dict)   # clip key -> why its audio could not be decoded
 
 
 @dataclass
@@ -82,8 +87,15 @@ class DistillResult:
 
 # ---------------------------------------------------------------------- checks before any model loads
 def check_out(options: DistillOptions) -> RunFile:
-    """The output folder can take this run: new or empty, or an interrupted run and --resume."""
+    """The output folder can take this run: new or empty, or an interrupted run and --resume; and it can be
+    written to."""
     run = RunFile(options.out)
+    _check_run_file(run, options)
+    check_writable(options.out)
+    return run
+
+
+def _check_run_file(run: RunFile, options: DistillOptions) -> None:
     doc = run.read()
     out = options.out
     if doc is None:
@@ -91,14 +103,33 @@ def check_out(options: DistillOptions) -> RunFile:
             raise DistillError(f"nothing to resume in {out}: it holds no asr-distill run (start without --resume)")
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise DistillError(f"{out} exists and is not an empty folder; choose a new --out for the draft")
-        return run
+        return
     if doc.get("status") == "done":
         raise DistillError(f"{out} already holds a finished draft; choose another --out (or remove that folder)")
-    if not options.resume:
+    # A run stopped in its teacher pass trained nothing, and the teacher cache keeps its labels: starting it
+    # again is what --resume would do, so a run that failed there does not block its own command.
+    if not options.resume and doc.get("status") != TEACHER_STAGE:
         where = "while training" if (out / CHECKPOINT).is_file() else f"in its {doc.get('status', '?')} stage"
         raise DistillError(f"{out} holds an interrupted run (stopped {where}): continue it with the same command "
                            "and --resume, or choose another --out")
-    return run
+
+
+def check_writable(folder: Path) -> None:
+    """`folder` can be made and written to: tried now, before any model loads, rather than found out after
+    the target has loaded. Folders made for the trial are removed: nothing is left behind until the run
+    writes."""
+    made: list[Path] = []
+    try:
+        made = [p for p in (folder, *folder.parents) if not p.exists()]   # deepest first
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".asr-distill-write-test-"):
+            pass
+    except OSError as exc:
+        raise DistillError(f"cannot write the draft to --out {folder}: {exc.strerror or exc}") from exc
+    finally:
+        for path in made:
+            with contextlib.suppress(OSError):
+                path.rmdir()
 
 
 def check_tokenizer(target: str) -> None:
@@ -119,11 +150,14 @@ class _Data:
     skipped: list[str]   # training files left out, with why
 
 
-def _clips(options: DistillOptions) -> _Data:
-    train_inv = inventory(options.audio)
+def _clips(options: DistillOptions, report: Reporter) -> _Data:
+    def skip(line: str) -> None:
+        report.message(f"skipped: {line}")
+
+    train_inv = inventory(options.audio, skip=skip)
     clips = list({c.key: c for c in train_inv.clips}.values())  # a file given twice is one file
     if options.eval_audio:
-        held = list({c.key: c for c in inventory(options.eval_audio, role="held-out").clips}.values())
+        held = list({c.key: c for c in inventory(options.eval_audio, role="held-out", skip=skip).clips}.values())
         keys = {h.key for h in held}
         train = [c for c in clips if c.key not in keys]  # never train on held-out audio
     else:
@@ -150,9 +184,11 @@ def teacher_pass(pair: ModelPair, cache: TeacherCache, clips: list[Clip], option
                 try:
                     audio.append(read(clip))
                     usable.append(clip)
-                except (OSError, ValueError) as exc:  # AudioLoadError is a ValueError
+                except (OSError, ValueError) as exc:  # AudioLoadError is a ValueError; it names the file
                     stats.failed += 1
-                    report.message(f"skipped: {exc}")
+                    if str(exc) not in stats.unreadable.values():   # once per file, not once per window
+                        report.message(f"skipped: {exc}")
+                    stats.unreadable[clip.key] = str(exc)
             for clip, record in zip(usable, teacher.label(usable, audio) if usable else []):
                 cache.save(clip.key, record)
             stats.computed += len(usable)
@@ -271,9 +307,10 @@ class _Run:
 
 def distill(options: DistillOptions, report: Reporter | None = None, command: str = "") -> DistillResult:
     """Distil a draft for `options.target` into `options.out`; DistillError (one line) for what a user can fix."""
+    report = report or Reporter()
     file = check_out(options)
     check_tokenizer(options.target)
-    data = _clips(options)
+    data = _clips(options, report)
     if options.resume:
         _check_resumable(file, _identity(options, data, None))  # before the target loads: a quick answer
     pair = _load_target(options)
@@ -283,17 +320,28 @@ def distill(options: DistillOptions, report: Reporter | None = None, command: st
     spec = options.evaluation.baseline_draft
     baseline = load_baseline(spec, pair) if spec else None
     options.out.mkdir(parents=True, exist_ok=True)
-    file.write(identity, "teacher pass")
+    file.write(identity, TEACHER_STAGE)
     cache = TeacherCache(options.cache or default_cache_root(), identity["target"], options.teacher.cache_key(),
                          pair.target_name)
-    run = _Run(options, report or Reporter(), command, file, data, pair, identity, cache, baseline=baseline)
+    run = _Run(options, report, command, file, data, pair, identity, cache, baseline=baseline)
     run.teacher = teacher_pass(pair, cache, data.train + data.held, options, run.report)
     run.examples, run.capped = _examples(cache, data.train, options.teacher.keep_capped)
     if not run.examples:
-        raise DistillError(f"the teacher produced no usable labels for the training audio ({run.capped} reached "
-                           f"max_new_tokens={options.teacher.max_new_tokens} without ending)")
+        raise _no_labels(run)
     run.held_examples = _examples(cache, data.held, options.teacher.keep_capped)[0]
     return _train_and_write(run)
+
+
+def _no_labels(run: _Run) -> DistillError:
+    """Why no training label came out: audio that failed to decode (NaN samples, a file truncated mid-stream;
+    its header read well), or labels that never ended, or both."""
+    unread = [run.teacher.unreadable[c.key] for c in run.data.train if c.key in run.teacher.unreadable]
+    if len(unread) == len(run.data.train):
+        return DistillError(f"none of the {len(unread)} training clip(s) could be read: their headers are sound but "
+                            f"their audio failed to decode (first: {unread[0]}); fix or remove those files")
+    also = f"; {len(unread)} clip(s) could not be read (first: {unread[0]})" if unread else ""
+    return DistillError(f"the teacher produced no usable labels for the training audio ({run.capped} reached "
+                        f"max_new_tokens={run.options.teacher.max_new_tokens} without ending{also})")
 
 
 def _train_and_write(run: _Run) -> DistillResult:
@@ -320,13 +368,15 @@ def _train_and_write(run: _Run) -> DistillResult:
     exported = WhisperForCausalLM.from_pretrained(options.out, dtype=pair.dtype).to(pair.device).eval()
     evaluation = None
     if run.held_examples:
-        evaluation = {"initial": asdict(initial), **_evaluate(run, exported, measure(student, run.held_examples))}
+        evaluation = {"initial": asdict(initial),
+                      **_evaluate(run, exported, measure(student, run.held_examples), "the distilled draft")}
         if run.baseline is not None:
             baseline = copy.deepcopy(run.baseline).float()
             own = head_of(pair, baseline, _own_head_ids(pair, baseline))
             measured = measure(baseline, run.held_examples, head=own.weight, to_head=own.to_head, suppress=own.suppress)
-            evaluation["baseline"] = {"draft": options.evaluation.baseline_draft,
-                                      **_evaluate(run, run.baseline, measured)}
+            spec = options.evaluation.baseline_draft
+            evaluation["baseline"] = {"draft": spec, **_evaluate(run, run.baseline, measured,
+                                                                       f"the baseline draft {spec}")}
     card = _card(run, result, evaluation)
     history = result.history
     cards.plot_history(options.out / cards.PLOT, [h.step for h in history], [h.loss for h in history],
@@ -353,8 +403,9 @@ def _label_ranking(run: _Run, size: int | None) -> tuple[int, ...] | None:
     return label_ranking(run.cache, run.examples, eos, size - (vocab - eos))
 
 
-def _evaluate(run: _Run, draft, teacher_forced_figures) -> dict:
-    """The teacher-forced figures given, and `draft` in the decoder, on the held-out clips."""
+def _evaluate(run: _Run, draft, teacher_forced_figures, draft_name: str) -> dict:
+    """The teacher-forced figures given, and `draft` (called `draft_name` in an error) in the decoder, on the
+    held-out clips."""
     options = run.options
     held = [c for c in run.data.held if run.cache.valid(c.key)]  # those the teacher pass could read
     run.report.message(f"evaluating on {len(held)} held-out clips")
@@ -363,7 +414,7 @@ def _evaluate(run: _Run, draft, teacher_forced_figures) -> dict:
     audio = [read(c) for c in clips]
     names = [f"{c.path.name}#{c.window}" for c in clips]
     decoder = in_decoder(run.pair, draft, audio, names, options.evaluation, options.teacher.max_new_tokens,
-                         languages=[c.folder_language for c in clips])
+                         languages=[c.folder_language for c in clips], draft_name=draft_name)
     return {"clips": len(held), "hours": sum(c.seconds for c in held) / 3600, "final": asdict(teacher_forced_figures),
             "language": _eval_language(run), "decoder": decoder_figures(decoder)}
 
@@ -378,13 +429,18 @@ def _eval_language(run: _Run) -> str:
 
 def load_baseline(spec: str, pair: ModelPair) -> WhisperForCausalLM:
     """Another draft to measure beside the new one: "bundled" (the draft the package ships for this target) or a
-    folder."""
+    folder. It must fit the target as any --draft must, checked here, before the teacher pass: not found out
+    after the training, at its evaluation."""
     if spec == BUNDLED:
         return load_bundled_draft(pair.target)
     try:
         draft = WhisperForCausalLM.from_pretrained(spec, dtype=pair.dtype)
     except (OSError, ValueError) as exc:
         raise DistillError(f"the baseline draft '{spec}' cannot be loaded: {str(exc).splitlines()[0][:200]}") from exc
+    try:
+        check_pair(pair.target, draft, pair.target_name, spec)
+    except ModelLoadError as exc:
+        raise DistillError(f"--baseline-draft {spec} does not fit the target: {exc}") from exc
     return draft.to(pair.device).eval()
 
 
