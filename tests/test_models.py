@@ -110,6 +110,45 @@ def test_vocabulary_mismatch_from_directories(tmp_path, real_pair):
         load_pair(target=str(TINY_EN_DIR), draft=str(draft_dir), device="cpu")
 
 
+def _broken_copy(source, folder, drop=(), edit=None):
+    """A copy of a model folder without the files in `drop`, its config.json edited by `edit` (a dict of keys
+    to set, or a string to write in its place)."""
+    import json
+    import shutil
+
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns(*drop) if drop else None)
+    if isinstance(edit, str):
+        (folder / "config.json").write_text(edit)
+    elif edit:
+        (folder / "config.json").write_text(json.dumps({**json.loads((folder / "config.json").read_text()), **edit}))
+    return str(folder)
+
+
+def test_a_broken_model_folder_is_one_sentence_that_says_what_is_wrong(tmp_path, capfd):
+    """A folder that is there but broken is never called "not found"; a target without its tokenizer files
+    is refused (transformers still builds a tokenizer of one entry, and every transcript came out empty
+    with exit 0); weights that do not fit an edited config.json are one sentence, without transformers'
+    coloured load report before it."""
+    cases = [
+        (dict(target=_broken_copy(TINY_EN_DIR, tmp_path / "no-tokenizer", drop=("tokenizer*", "vocab.json",
+                                                                               "merges.txt")), draft=None),
+         "has no usable tokenizer: it knows 1 tokens against the model's 51864"),
+        (dict(target=_broken_copy(TINY_EN_DIR, tmp_path / "bad-json", edit="{not json"), draft=None),
+         "model folder '.*bad-json' cannot be read: .*not a valid JSON file"),
+        (dict(target=_broken_copy(TINY_EN_DIR, tmp_path / "no-weights", drop=("*.safetensors", "*.bin")),
+              draft=None), "model folder '.*no-weights' cannot be read: .*no file named model.safetensors"),
+        (dict(target=str(TINY_EN_DIR), draft=_broken_copy(DISTIL_DRAFT_DIR, tmp_path / "edited",
+                                                         edit={"vocab_size": 51865})),
+         "its weights do not have the shapes its config.json gives"),
+    ]
+    for kwargs, message in cases:
+        capfd.readouterr()
+        with pytest.raises(ModelLoadError, match=message) as caught:
+            load_pair(device="cpu", **kwargs)
+        assert "not found" not in str(caught.value)
+        assert "LOAD REPORT" not in capfd.readouterr().err
+
+
 def test_draft_larger_than_target_warns():
     with pytest.warns(UserWarning, match="not smaller than target"):
         check_pair(small_whisper(d_model=16), small_whisper(d_model=32), "small", "big")

@@ -211,6 +211,7 @@ def test_file_tab_transcribes_with_timestamps_and_downloads(engine):
     assert outcome.stats["mode"] == "exact" and 0 < outcome.stats["acceptance_rate"] <= 1
     saved = json.loads(Path(next(f for f in outcome.files if f.endswith(".json"))).read_text())
     assert saved["source"] == "jfk.flac"  # the upload's name, not where the server keeps it
+    assert saved["model"]["target"] == "whisper-tiny.en" and "/" not in saved["model"]["draft"]  # nor the models'
     # Word times, in the table and in the JSON download.
     assert " ".join(row[0] for row in outcome.words) == " ".join(outcome.text.split())
     assert all(row[1] <= row[2] for row in outcome.words) and outcome.words[-1][2] <= 11.1

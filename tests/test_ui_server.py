@@ -422,5 +422,8 @@ def test_upload_limit_and_cleanup_on_sigterm(server, tmp_path):
     with pytest.raises(Exception, match="(?i)size|large|exceed"):
         client.predict(handle_file(str(big)), "exact", 0.0, api_name="/transcribe_file")
     assert list(scratch.glob("asr_app_ui_*"))  # the downloads folder exists while the app runs
+    uploads = [p for p in (scratch / "gradio").rglob("*") if p.is_file()]
+    assert uploads   # Gradio's cache holds the uploads while the app runs ...
     stop(proc)
     assert proc.returncode == 0 and not list(scratch.glob("asr_app_ui_*"))
+    assert not [p for p in uploads if p.exists()]   # ... and SIGTERM empties it, as Ctrl-C does

@@ -96,13 +96,26 @@ def _source(spec: str, role: str) -> tuple[Path | None, dict]:
 
 def _from_pretrained(cls, spec: str, role: str, **kwargs):
     """cls.from_pretrained with the errors a user can act on turned into one clear ModelLoadError."""
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()   # transformers' load report (a coloured table) would precede our one line
     try:
         return cls.from_pretrained(spec, **kwargs)
     except OSError as err:
+        if Path(spec).expanduser().is_dir():   # the folder is there: what is in it is broken or missing
+            raise ModelLoadError(f"{role} model folder '{spec}' cannot be read: {_first_line(err)}") from err
         raise _not_found(spec, role, err) from err
     except Exception as err:  # noqa: BLE001 - safetensors, torch and transformers raise their own kinds
-        first = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
-        raise ModelLoadError(f"{role} model '{spec}' cannot be read (a corrupt or truncated file?): {first}") from err
+        if "ignore_mismatched_sizes" in str(err):
+            raise ModelLoadError(f"{role} model '{spec}' cannot be read: its weights do not have the shapes its "
+                                 "config.json gives (an edited config.json, or weights of another model)") from err
+        raise ModelLoadError(f"{role} model '{spec}' cannot be read (its config.json and weights do not fit, or a "
+                             f"file is corrupt or truncated): {_first_line(err)}") from err
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
 
 
 def _load_config(spec: str, role: str, **kwargs) -> WhisperConfig:
@@ -136,7 +149,18 @@ def _load_target(spec: str, device: torch.device, dtype: torch.dtype):
         raise ModelLoadError(f"target model '{spec}' is a decoder-only draft (it has no encoder): were --target "
                              "and --draft swapped?")
     model = _from_pretrained(WhisperForConditionalGeneration, spec, "target", dtype=dtype, **kwargs)
-    return model, _from_pretrained(WhisperProcessor, spec, "target", **kwargs)
+    processor = _from_pretrained(WhisperProcessor, spec, "target", **kwargs)
+    _check_tokenizer(processor.tokenizer, model.config.vocab_size, spec)
+    return model, processor
+
+
+def _check_tokenizer(tokenizer, vocab_size: int, spec: str) -> None:
+    """Refuse a tokenizer that cannot spell the model's tokens. Without its files transformers still builds
+    one (of a single entry), and every transcript then comes out empty without a word of warning."""
+    known = len(tokenizer)   # timestamp ids may be left out of it (tiny.en's: 50363 of 51864)
+    if known < vocab_size // 2:
+        raise ModelLoadError(f"target model '{spec}' has no usable tokenizer: it knows {known} tokens against the "
+                             f"model's {vocab_size} (are tokenizer.json, or vocab.json and merges.txt, missing?)")
 
 
 def _load_draft(spec: str, device: torch.device, dtype: torch.dtype):

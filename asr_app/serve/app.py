@@ -105,6 +105,7 @@ def build_app(engine: UiEngine, access: AccessSettings = AccessSettings(), mount
         demo = build_gradio_app(engine)
         app = gr.mount_gradio_app(app, demo, path="/", max_file_size=f"{int(engine.limits.max_upload_mb)}mb",
                                   ssr_mode=False, auth_dependency=None)
+        app.state.gradio_demo = demo   # its upload cache is cleared when the service stops (serve/cli.py)
     return app
 
 

@@ -198,15 +198,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = UiEngine.from_decoder(decoder).sharing(schedule=args.temperature if len(args.temperature) > 1 else ())
     demo = build_app(engine)
     print(f"models loaded: {engine.describe()}", flush=True)
-    # SIGTERM ends the process through sys.exit, so the atexit cleanup of our temporary folders runs.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # SIGTERM stops the app as Ctrl-C does: Gradio then closes its server, which deletes its upload cache, and
+    # the process ends normally, so the atexit cleanup of our own folders runs too.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         demo.launch(server_name=args.host, server_port=args.port, share=args.share, ssr_mode=False,
                     footer_links=["api"], max_file_size=f"{args.max_upload_mb}mb")
     except OSError as err:  # port taken, address not available, ...
         print(f"error: cannot serve on {args.host}:{args.port}: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # stopped while it was still starting
+        demo.close()
+    finally:
+        clear_upload_cache(demo)
     return 0
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def clear_upload_cache(demo) -> None:
+    """Delete what this app put in Gradio's cache (uploads, results). Gradio does so when its server's lifespan
+    ends, which the app's shutdown did not reach (seen: every upload left behind, on Ctrl-C and SIGTERM), nor
+    does a Gradio app mounted in asr-serve's FastAPI app have a lifespan of its own."""
+    try:
+        from gradio.route_utils import delete_files_created_by_app
+
+        delete_files_created_by_app(demo, age=None)
+    except Exception as exc:  # noqa: BLE001 - a cleanup at exit must not turn a clean stop into a traceback
+        log.warning("Gradio's cache could not be cleared: %s", exc)
 
 
 if __name__ == "__main__":

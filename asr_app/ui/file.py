@@ -17,7 +17,7 @@ from pathlib import Path
 from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS, AudioFileReader, AudioLoadError, is_silent
 from asr_app.limits import LimitExceeded
 from asr_app.longform import TranscribeOptions, transcribe
-from asr_app.ui.engine import COMPARE_MODES, UiEngine
+from asr_app.ui.engine import COMPARE_MODES, UiEngine, public_name
 from asr_app.ui.text import count_differences, word_diff
 from asr_app.wer import basic_normalize, word_error_rate
 from asr_app.writers import write_outputs
@@ -124,6 +124,8 @@ def transcribe_file(engine: UiEngine, path: str | Path | None, mode: str, temper
         # The path (read window by window); the JSON names the uploaded file, not where the server keeps it.
         transcript = transcribe(decoder, path, TranscribeOptions(temperature_fallback=engine.fallback(temperature)))
         transcript.source = _display_name(path)
+        transcript.model = {key: public_name(value) if key in ("target", "draft") and value else value
+                            for key, value in transcript.model.items()}   # model folders by name, not path
         files = write_outputs(transcript, _downloads_dir(), Path(path).stem or "transcript", DOWNLOAD_FORMATS)
     except Exception as exc:  # shown in the page instead of a traceback
         log.exception("transcription of %s failed", path)
