@@ -98,3 +98,15 @@ def sync_folder(folder: Path) -> None:
 def write_atomic(path: str | Path, text: str) -> Path:
     """One file, atomically (see write_all_atomic)."""
     return write_all_atomic({Path(path): text})[0]
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why outputs cannot be written to `folder` (created if missing), or None when they can: asked before any
+    model loads, so a run never ends with its results unwritten."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".asr-write-test-"):
+            pass
+    except OSError as exc:
+        return f"cannot write to the output folder {folder}: {exc.strerror or exc}"
+    return None

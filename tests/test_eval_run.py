@@ -201,6 +201,18 @@ def test_missing_data_dir_is_a_clear_cli_error(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_an_unwritable_output_dir_is_refused_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    """Found out only when the results were written, the whole evaluation was lost (a traceback)."""
+    monkeypatch.setattr("asr_app.eval.cli.load_decoder_or_report",
+                        lambda *_: pytest.fail("the models loaded before the output folder was checked"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    rc = main(["--data-dir", str(LIBRISPEECH_DIR), "--max-samples", "1", "--output-dir", str(blocker / "out"),
+               *MODEL_ARGS])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"cannot write to the output folder {blocker / 'out'}" in err and "Traceback" not in err
+
+
 def test_unknown_mode_is_rejected(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--modes", "baseline,fast", "--data-dir", str(LIBRISPEECH_DIR), *MODEL_ARGS])

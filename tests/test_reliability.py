@@ -131,7 +131,7 @@ def test_unreadable_file_and_read_only_folder_as_an_ordinary_user():
         readonly.chmod(0o555)
         code = (f"from asr_app.audio import load_audio\n"
                 f"try:\n    load_audio({str(locked)!r})\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
-                f"from asr_app.cli.transcribe import unwritable\nprint(unwritable(__import__('pathlib').Path({str(readonly)!r})))")
+                f"from asr_app.fileio import unwritable\nprint(unwritable(__import__('pathlib').Path({str(readonly)!r})))")
         out = _as_nobody(code, root)
         assert out.returncode == 0, out.stderr
         first, second = out.stdout.strip().splitlines()

@@ -454,6 +454,35 @@ def test_sigkill_mid_run_leaves_no_partial_outputs(tmp_path):
         assert jiwer.wer(normalise(lj_text(clip)), normalise(text)) < 0.35, (clip, text)
 
 
+def test_ctrl_c_mid_run_is_one_line_and_leaves_complete_files(tmp_path):
+    """SIGINT (Ctrl-C) while a folder is transcribed: exit 130 with one line, no traceback (it was 48 lines
+    into torch), and only complete outputs."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    clips = ["LJ001-0002", "LJ001-0008", "LJ001-0006", "LJ001-0004", "LJ001-0005", "LJ001-0007"]
+    for clip in clips:
+        (folder / f"{clip}.flac").symlink_to(lj_clip(clip))
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "asr_app.cli.transcribe", str(folder), "-o", str(out), "--format", "txt,json",
+               "--quiet", "--mode", "off", *MODEL_ARGS]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while not list(out.glob("*.json")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    err = err.decode()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "asr-transcribe: interrupted" in err, err
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]   # no temporary leftovers
+    for done in out.glob("*.json"):
+        json.loads(done.read_text())
+
+
 def test_duration_probe_handles_bad_file(tmp_path):
     bad = tmp_path / "x.wav"
     bad.write_text("nope")

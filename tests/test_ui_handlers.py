@@ -21,7 +21,7 @@ from asr_app.streaming import StreamingOptions
 from asr_app.ui.engine import UiEngine
 from asr_app.ui.file import compare_modes, transcribe_file
 from asr_app.ui.live import live_chunk, live_stop
-from asr_app.ui.text import DIFF_CHANGED, DIFF_MISSING, word_diff
+from asr_app.ui.text import DIFF_CHANGED, DIFF_MISSING, count_differences, word_diff
 from asr_app.wer import basic_normalize, word_error_rate
 
 BROWSER_RATE = 48_000
@@ -268,6 +268,11 @@ def test_word_diff_marks_changes_and_missing_words():
     assert labels["ask"] is None and labels["not"] is None      # case/punctuation are not differences
     assert labels["county"] == DIFF_CHANGED
     assert labels["for"] == DIFF_MISSING and labels["you"] == DIFF_MISSING
+    # Four words of the anchor replaced by one: one changed and three missing, all counted (the Compare tab
+    # said 1 word differed where the WER was 77%)
+    pieces = word_diff("and so my banana", "and so my fellow Americans ask not")
+    assert [label for _, label in pieces] == [None, None, None, DIFF_CHANGED] + [DIFF_MISSING] * 3
+    assert count_differences(pieces) == 4
     assert basic_normalize("Hello, World!") == "hello world"
     with pytest.raises(ValueError):
         word_error_rate("  ", "anything")
@@ -295,7 +300,8 @@ def test_bounds_hold_on_the_web_app_too(engine, tmp_path):
     strict = engine.sharing(limits=ServiceLimits(max_upload_s=5.0, max_sessions=1),
                             sessions=SessionRegistry(1))
     outcome = transcribe_file(strict, JFK_FLAC, "exact", 0.0)   # 11 s of audio
-    assert "11 s of audio; at most 5 s is accepted" in outcome.message and not outcome.text
+    assert "Cannot use jfk.flac: the upload is 11 s of audio; at most 5 s is accepted" in outcome.message
+    assert not outcome.text
     first, _, _ = live_chunk(strict, as_browser_chunks(np.zeros(8000, np.float32), 16_000)[0], None, "exact", 0.0)
     second, _, figures = live_chunk(strict, as_browser_chunks(np.zeros(8000, np.float32), 16_000)[0], None,
                                     "exact", 0.0)

@@ -188,6 +188,10 @@ def test_port_in_use_is_a_clear_error_before_loading_models(monkeypatch, capsys)
     assert code == 2
     assert f"cannot serve on 127.0.0.1:{port}" in err and "in use" in err
     assert "Traceback" not in err and "models loaded" not in out
+    # a port no socket can have: one line too (it was an OverflowError traceback)
+    assert ui_app.main(["--target", str(TINY_EN_DIR), "--device", "cpu", "--port", "99999"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot serve on 127.0.0.1:99999: port 99999 is out of range (0-65535)" in err and "Traceback" not in err
 
 
 def chromium() -> str | None:

@@ -29,6 +29,7 @@ from asr_app.arguments import (
 from asr_app.audio import is_audio_path
 from asr_app.cli.progress import Progress
 from asr_app.cluster import FILE_TIMEOUT_S, TIMEOUT_PER_AUDIO_S, ray_device_problem
+from asr_app.fileio import unwritable
 from asr_app.writers import FORMATS, output_paths, parse_formats, remove_stale_temps, render, write_outputs
 
 
@@ -112,19 +113,6 @@ def collect_jobs(paths: list[str], recursive: bool) -> tuple[list[Job], list[str
             seen[stem] = file
             jobs.append(Job(file, stem))
     return jobs, errors
-
-
-def unwritable(folder: Path) -> str | None:
-    """Why outputs cannot be written to `folder` (created if missing), or None when they can."""
-    import tempfile
-
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".asr-write-test-"):
-            pass
-    except OSError as exc:
-        return f"cannot write to the output folder {folder}: {exc.strerror or exc}"
-    return None
 
 
 def decoding_summary(transcripts: list) -> str:
@@ -285,7 +273,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if failures else 0
     for job in jobs:
         job.seconds = _duration(job.path)
-    ran = (_run_ray if args.engine == "ray" else _run_local)(args, jobs, formats, failures)
+    try:
+        ran = (_run_ray if args.engine == "ray" else _run_local)(args, jobs, formats, failures)
+    except KeyboardInterrupt:   # Ctrl-C: files finished before it keep their outputs, the one under way has none
+        again = " (the same command with --skip-existing goes on from there)" if args.output_dir else ""
+        print(f"asr-transcribe: interrupted; the files finished before it are written{again}", file=sys.stderr)
+        return 130
     if ran is None:
         return 2
     decoded, elapsed = ran

@@ -26,6 +26,7 @@ from asr_app.eval.report import (
 )
 from asr_app.eval.runner import MODES, PAPER_MODES, EvalRun, mode_specs, run_evaluation
 from asr_app.eval.study_cli import add_study_args, check_study_args, run_study_cli, study_requested
+from asr_app.fileio import unwritable
 from asr_app.wer import normalizer_for_tokenizer
 
 log = logging.getLogger("asr_app.eval")
@@ -117,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     except DatasetError as exc:
         print(f"asr-eval: error: {exc}", file=sys.stderr)
         return 2
+    out_dir = args.output_dir or Path("asr-eval-results") / (
+        f"{args.dataset}-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}")
+    problem = unwritable(out_dir)
+    if problem:
+        print(f"asr-eval: error: {problem}", file=sys.stderr)
+        return 2
 
     decoder = load_decoder_or_report(args, "asr-eval")  # the models load once, here
     if decoder is None:
@@ -133,8 +140,6 @@ def main(argv: list[str] | None = None) -> int:
         base = dataclasses.replace(base, max_new_tokens=args.max_new_tokens)
     specs = mode_specs(base, args.modes, args.sweep_scale)
 
-    out_dir = args.output_dir or Path("asr-eval-results") / (
-        f"{args.dataset}-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}")
     if study_requested(args):
         meta = run_metadata(args, decoder, utterances, has_spelling, argv)
         return run_study_cli(args, decoder, utterances, specs, normalizer, meta, out_dir)

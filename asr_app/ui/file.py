@@ -67,7 +67,7 @@ def _probe(path: str | Path | None, engine: UiEngine) -> tuple[float | None, boo
         engine.limits.check_upload_file(path)
     except LimitExceeded as exc:
         reader.close()
-        return None, False, f"Cannot use this file: {exc}."
+        return None, False, f"Cannot use {_display_name(path)}: {exc}."
     window = int(WINDOW_SECONDS * SAMPLE_RATE)
     try:
         silent = all(is_silent(reader.window(start, window), energy_threshold)

@@ -38,6 +38,8 @@ def word_diff(text: str, anchor: str) -> list[tuple[str, str | None]]:
             pieces.extend((w, DIFF_MISSING) for w in anchor_words[a0:a1])
         else:  # "replace" or "insert": the words this text has instead of (or beyond) the anchor's
             pieces.extend((w, DIFF_CHANGED) for w in words[b0:b1])
+            # fewer words than the anchor had there: the rest of the anchor's are missing (and counted)
+            pieces.extend((w, DIFF_MISSING) for w in anchor_words[a0 + (b1 - b0):a1])
     # One space between words so the component renders a readable sentence.
     spaced: list[tuple[str, str | None]] = []
     for i, (word, label) in enumerate(pieces):
