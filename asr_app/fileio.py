@@ -7,6 +7,7 @@ live, is writing right now (`writers.remove_stale_temps`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -100,13 +101,19 @@ def write_atomic(path: str | Path, text: str) -> Path:
     return write_all_atomic({Path(path): text})[0]
 
 
-def unwritable(folder: Path) -> str | None:
+def unwritable(folder: Path, keep: bool = True) -> str | None:
     """Why outputs cannot be written to `folder` (created if missing), or None when they can: asked before any
-    model loads, so a run never ends with its results unwritten."""
+    model loads, so a run never ends with its results unwritten. Without `keep`, folders made for the trial
+    are removed again: nothing is left behind by a run that stops before it writes."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]   # deepest first
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".asr-write-test-"):
             pass
     except OSError as exc:
         return f"cannot write to the output folder {folder}: {exc.strerror or exc}"
+    finally:
+        for path in made if not keep else ():
+            with contextlib.suppress(OSError):
+                path.rmdir()
     return None

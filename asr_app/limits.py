@@ -33,8 +33,9 @@ class ServiceLimits:
     request_timeout_s: float = 600.0  # one API request, queueing included
 
     def __post_init__(self) -> None:
-        if not 0 < self.min_rate <= self.max_rate:
-            raise ValueError(f"sample-rate bounds must satisfy 0 < min <= max, got {self.min_rate}, {self.max_rate}")
+        if not MIN_RATE <= self.min_rate <= self.max_rate <= MAX_RATE:   # audio outside those is never read
+            raise ValueError(f"sample-rate bounds must satisfy {MIN_RATE} <= min <= max <= {MAX_RATE}, got "
+                             f"{self.min_rate}, {self.max_rate}")
         for name in ("max_chunk_s", "max_pending_s", "max_session_s", "max_upload_mb", "max_upload_s",
                      "request_timeout_s"):
             if not getattr(self, name) > 0:

@@ -363,6 +363,22 @@ def test_an_unwritable_out_is_refused_before_any_model_loads(workspace, tmp_path
     assert code == 2 and "a-file exists and is not an empty folder" in err and len(err.splitlines()) == 1
 
 
+def test_a_run_that_trained_is_never_started_over_without_resume(workspace):
+    """A run back in its teacher stage (a resumed run passes through it again) that holds a checkpoint is
+    refused without --resume: starting over would overwrite the training it did. Without a checkpoint it
+    trained nothing and the same command may start it again."""
+    from asr_app.distill.checkpoint import CHECKPOINT
+    from asr_app.distill.pipeline import TEACHER_STAGE, check_out
+
+    out = workspace / "stopped-in-teacher"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"status": TEACHER_STAGE}))
+    check_out(options(workspace, "stopped-in-teacher"))   # nothing trained: allowed
+    (out / CHECKPOINT).write_bytes(b"steps done")
+    with pytest.raises(DistillError, match="holds an interrupted run .*while training.*--resume"):
+        check_out(options(workspace, "stopped-in-teacher"))
+
+
 def unusable_audio(folder: Path) -> Path:
     """A header claiming 1 Hz (16 samples would pass for 16 s), a text named .wav and an empty .wav."""
     import soundfile as sf

@@ -124,11 +124,11 @@ def _broken_copy(source, folder, drop=(), edit=None):
     return str(folder)
 
 
-def test_a_broken_model_folder_is_one_sentence_that_says_what_is_wrong(tmp_path, capfd):
+def test_a_broken_model_folder_is_one_sentence_that_says_what_is_wrong(tmp_path):
     """A folder that is there but broken is never called "not found"; a target without its tokenizer files
     is refused (transformers still builds a tokenizer of one entry, and every transcript came out empty
-    with exit 0); weights that do not fit an edited config.json are one sentence, without transformers'
-    coloured load report before it."""
+    with exit 0); weights that do not fit an edited config.json say so in a sentence (after transformers'
+    load report, which is kept: it is also the only notice of weights missing from a file)."""
     cases = [
         (dict(target=_broken_copy(TINY_EN_DIR, tmp_path / "no-tokenizer", drop=("tokenizer*", "vocab.json",
                                                                                "merges.txt")), draft=None),
@@ -142,11 +142,9 @@ def test_a_broken_model_folder_is_one_sentence_that_says_what_is_wrong(tmp_path,
          "its weights do not have the shapes its config.json gives"),
     ]
     for kwargs, message in cases:
-        capfd.readouterr()
         with pytest.raises(ModelLoadError, match=message) as caught:
             load_pair(device="cpu", **kwargs)
         assert "not found" not in str(caught.value)
-        assert "LOAD REPORT" not in capfd.readouterr().err
 
 
 def test_draft_larger_than_target_warns():

@@ -375,8 +375,9 @@ def test_translation_and_language_detection_on_the_multilingual_model(tmp_path):
 
 
 @contextlib.contextmanager
-def in_process_server(engine):
-    """`asr-serve`'s app for `engine` (API only) in uvicorn on a free loopback port, in this process."""
+def in_process_server(engine, mount_ui: bool = False):
+    """`asr-serve`'s app for `engine` (API only, or with the web app at /) in uvicorn on a free loopback port,
+    in this process."""
     import threading
 
     import uvicorn
@@ -384,7 +385,7 @@ def in_process_server(engine):
     from asr_app.serve.app import build_app
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(engine, mount_ui=False), host="127.0.0.1", port=port,
+    server = uvicorn.Server(uvicorn.Config(build_app(engine, mount_ui=mount_ui), host="127.0.0.1", port=port,
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -397,6 +398,26 @@ def in_process_server(engine):
         server.should_exit = True
         thread.join(timeout=30)
         engine.scheduler.close()
+
+
+def test_unknown_api_paths_get_the_api_answer_with_the_web_app_mounted(tiny_en_pair):
+    """With the web app at / (asr-serve's default), a path under /v1 that no route takes would be the web
+    app's to answer: it is the API's 404, a method a route does not take the API's 405 with Allow."""
+    import httpx
+
+    from asr_app.ui.engine import UiEngine
+
+    with in_process_server(UiEngine(pair=tiny_en_pair), mount_ui=True) as port:
+        url = f"http://127.0.0.1:{port}"
+        missing = httpx.get(url + "/v1/nothing", timeout=30)
+        wrong_method = httpx.get(url + "/v1/audio/transcriptions", timeout=30)
+        socket_path = httpx.get(url + "/v1/live", timeout=30)
+        page = httpx.get(url + "/", timeout=60)
+    assert missing.status_code == 404 and "there is no /v1/nothing here" in missing.json()["error"]["message"]
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST", wrong_method.text
+    assert "GET is not accepted" in wrong_method.json()["error"]["message"]
+    assert socket_path.status_code == 400 and "WebSocket" in socket_path.json()["error"]["message"]
+    assert page.status_code == 200 and "gradio" in page.text.lower()   # the web app still answers its own
 
 
 def test_a_request_past_the_timeout_is_told_the_service_is_busy(tiny_en_pair):

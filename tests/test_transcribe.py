@@ -479,8 +479,8 @@ def test_ctrl_c_mid_run_is_one_line_and_leaves_complete_files(tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "asr-transcribe: interrupted" in err, err
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]   # no temporary leftovers
-    for done in out.glob("*.json"):
-        json.loads(done.read_text())
+    for done in out.glob("*.json"):   # JSON is written last: its file's other outputs are complete
+        assert json.loads(done.read_text())["text"].strip() == done.with_suffix(".txt").read_text().strip()
 
 
 def test_duration_probe_handles_bad_file(tmp_path):

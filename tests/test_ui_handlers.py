@@ -278,6 +278,15 @@ def test_word_diff_marks_changes_and_missing_words():
         word_error_rate("  ", "anything")
 
 
+def test_public_names_keep_no_server_folder():
+    from asr_app.ui.engine import public_name
+
+    assert public_name("/srv/models/whisper-tiny.en/") == "whisper-tiny.en"
+    assert public_name("derived(/srv/models/x, layers 0,3)") == "derived(x, layers 0,3)"   # a folder inside
+    assert public_name("distil-whisper/distil-large-v2") == "distil-whisper/distil-large-v2"   # a hub id stays
+    assert public_name("derived(openai/whisper-base, layers 0,5)") == "derived(openai/whisper-base, layers 0,5)"
+
+
 def test_english_only_model_offers_english_only(engine):
     assert engine.languages == ("en",)
     assert engine.options("exact", 0.0, "auto").language == "en" and engine.options("exact", 0.0, "en").language == "en"

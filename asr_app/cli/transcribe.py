@@ -276,8 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ran = (_run_ray if args.engine == "ray" else _run_local)(args, jobs, formats, failures)
     except KeyboardInterrupt:   # Ctrl-C: files finished before it keep their outputs, the one under way has none
-        again = " (the same command with --skip-existing goes on from there)" if args.output_dir else ""
-        print(f"asr-transcribe: interrupted; the files finished before it are written{again}", file=sys.stderr)
+        if failures:
+            print("failed before the interruption:\n" + "\n".join(f"  {m}" for m in failures), file=sys.stderr)
+        kept = (" the files finished before it are written (the same command with --skip-existing goes on from "
+                "there)") if args.output_dir else ""
+        print(f"\nasr-transcribe: interrupted;{kept}", file=sys.stderr)
         return 130
     if ran is None:
         return 2

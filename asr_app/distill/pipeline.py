@@ -9,12 +9,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import hashlib
 import json
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,6 +35,7 @@ from asr_app.distill.student import build_student, default_layers, head_weight
 from asr_app.distill.teacher import Teacher, target_fingerprint
 from asr_app.distill.train import StepLog, Trainer, TrainResult
 from asr_app.distill.vocab import label_ranking
+from asr_app.fileio import unwritable
 from asr_app.models import ct2
 from asr_app.models.bundled import load_bundled_draft
 from asr_app.models.errors import ModelLoadError
@@ -106,9 +105,11 @@ def _check_run_file(run: RunFile, options: DistillOptions) -> None:
         return
     if doc.get("status") == "done":
         raise DistillError(f"{out} already holds a finished draft; choose another --out (or remove that folder)")
-    # A run stopped in its teacher pass trained nothing, and the teacher cache keeps its labels: starting it
-    # again is what --resume would do, so a run that failed there does not block its own command.
-    if not options.resume and doc.get("status") != TEACHER_STAGE:
+    # A run stopped in its teacher pass that never trained (no checkpoint: a resumed run passes through the
+    # teacher stage again, with its checkpoint kept) lost nothing, and the teacher cache keeps its labels:
+    # starting it again is what --resume would do, so a run that failed there does not block its own command.
+    trained = (out / CHECKPOINT).is_file()
+    if not options.resume and (doc.get("status") != TEACHER_STAGE or trained):
         where = "while training" if (out / CHECKPOINT).is_file() else f"in its {doc.get('status', '?')} stage"
         raise DistillError(f"{out} holds an interrupted run (stopped {where}): continue it with the same command "
                            "and --resume, or choose another --out")
@@ -118,18 +119,9 @@ def check_writable(folder: Path) -> None:
     """`folder` can be made and written to: tried now, before any model loads, rather than found out after
     the target has loaded. Folders made for the trial are removed: nothing is left behind until the run
     writes."""
-    made: list[Path] = []
-    try:
-        made = [p for p in (folder, *folder.parents) if not p.exists()]   # deepest first
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".asr-distill-write-test-"):
-            pass
-    except OSError as exc:
-        raise DistillError(f"cannot write the draft to --out {folder}: {exc.strerror or exc}") from exc
-    finally:
-        for path in made:
-            with contextlib.suppress(OSError):
-                path.rmdir()
+    problem = unwritable(folder, keep=False)
+    if problem:
+        raise DistillError(f"cannot write the draft to --out {folder}: {problem.rsplit(': ', 1)[-1]}")
 
 
 def check_tokenizer(target: str) -> None:

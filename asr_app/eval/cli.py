@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out_dir = args.output_dir or Path("asr-eval-results") / (
         f"{args.dataset}-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}")
-    problem = unwritable(out_dir)
+    problem = unwritable(out_dir, keep=False)   # made when the results are written
     if problem:
         print(f"asr-eval: error: {problem}", file=sys.stderr)
         return 2

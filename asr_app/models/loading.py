@@ -96,8 +96,6 @@ def _source(spec: str, role: str) -> tuple[Path | None, dict]:
 
 def _from_pretrained(cls, spec: str, role: str, **kwargs):
     """cls.from_pretrained with the errors a user can act on turned into one clear ModelLoadError."""
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()   # transformers' load report (a coloured table) would precede our one line
     try:
         return cls.from_pretrained(spec, **kwargs)
     except OSError as err:
@@ -107,11 +105,10 @@ def _from_pretrained(cls, spec: str, role: str, **kwargs):
     except Exception as err:  # noqa: BLE001 - safetensors, torch and transformers raise their own kinds
         if "ignore_mismatched_sizes" in str(err):
             raise ModelLoadError(f"{role} model '{spec}' cannot be read: its weights do not have the shapes its "
-                                 "config.json gives (an edited config.json, or weights of another model)") from err
+                                 "config.json gives (an edited config.json, or weights of another model; "
+                                 "transformers' load report above lists them)") from err
         raise ModelLoadError(f"{role} model '{spec}' cannot be read (its config.json and weights do not fit, or a "
                              f"file is corrupt or truncated): {_first_line(err)}") from err
-    finally:
-        hf_logging.set_verbosity(verbosity)
 
 
 def _first_line(err: Exception) -> str:

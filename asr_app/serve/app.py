@@ -3,6 +3,7 @@ the Gradio app at `/`, all over one `UiEngine` (one model pair, one scheduler, o
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 from fastapi import FastAPI, Request
@@ -10,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asr_app.limits import LimitExceeded
@@ -97,6 +99,7 @@ def build_app(engine: UiEngine, access: AccessSettings = AccessSettings(), mount
 
     app.include_router(build_router(engine, access))
     app.include_router(build_live_router(engine, access))
+    _answer_unknown_api_paths(app)   # after the API's own routes, before the web app's mount
     if mount_ui:
         # imported here: the API alone (mount_ui=False, as the serving bench runs it) needs no Gradio
         import gradio as gr
@@ -132,13 +135,41 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def on_http(request: Request, exc: StarletteHTTPException) -> Response:
         """An unknown path or method in OpenAI's error shape, with one sentence."""
         if exc.status_code == 404:
-            message = f"there is no {request.url.path} here; the API is /v1/audio/transcriptions, " \
-                      "/v1/audio/translations, /v1/models and /v1/live"
+            message = unknown_path(request.url.path)
         elif exc.status_code == 405:
             message = f"{request.method} is not accepted for {request.url.path}"
         else:
             message = str(exc.detail)
-        return error_response(exc.status_code, message)
+        return error_response(exc.status_code, message, headers=exc.headers)
+
+
+def unknown_path(path: str) -> str:
+    return (f"there is no {path} here; the API is /v1/audio/transcriptions, /v1/audio/translations, /v1/models, "
+            "/v1/live (a WebSocket), /health and /metrics")
+
+
+def _answer_unknown_api_paths(app: FastAPI) -> None:
+    """Paths under /v1 that no route takes, or a method a route does not take, answered in the API's error shape
+    (405 with Allow). Without this, the web app mounted at / would take them and answer its own way."""
+    api_methods = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"]
+
+    @app.api_route("/v1/{rest:path}", methods=api_methods, include_in_schema=False)
+    async def unknown_api_path(request: Request, rest: str) -> Response:
+        path = request.url.path
+        # the routes before this one: the API's own (the web app's mount, after it, would take every path)
+        routes = list(itertools.takewhile(lambda r: getattr(r, "endpoint", None) is not unknown_api_path,
+                                          app.router.routes))
+
+        def taken(scope: dict) -> bool:   # whether one of the API's own routes takes this request whole
+            return any(r.matches({**request.scope, **scope})[0] == Match.FULL for r in routes)
+
+        allowed = [m for m in api_methods if taken({"method": m})]
+        if taken({"type": "websocket"}):
+            return error_response(400, f"{path} is a WebSocket endpoint: connect to it with ws:// (or wss://)")
+        if allowed:
+            return error_response(405, f"{request.method} is not accepted for {path}",
+                                  headers={"Allow": ", ".join(allowed)})
+        return error_response(404, unknown_path(path))
 
     @app.exception_handler(Exception)
     async def on_error(_request: Request, exc: Exception) -> Response:

@@ -155,10 +155,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10)
     finally:
         engine.scheduler.close()
-        if getattr(app.state, "gradio_demo", None) is not None:
+        demo = getattr(getattr(app, "state", None), "gradio_demo", None)
+        if demo is not None:
             from asr_app.ui.app import clear_upload_cache
 
-            clear_upload_cache(app.state.gradio_demo)
+            clear_upload_cache(demo)
     return 0
 
 

@@ -24,9 +24,11 @@ class Refusal(Exception):
         self.status, self.message, self.code = status, message, code
 
 
-def error_response(status: int, message: str, code: str = "invalid_request_error") -> JSONResponse:
+def error_response(status: int, message: str, code: str = "invalid_request_error",
+                   headers: dict[str, str] | None = None) -> JSONResponse:
     """OpenAI's error body, so its clients raise their usual exceptions with our sentence."""
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": code, "code": status}})
+    return JSONResponse(status_code=status, content={"error": {"message": message, "type": code, "code": status}},
+                        headers=headers)
 
 
 def is_loopback(host: str) -> bool:

@@ -210,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:   # stopped while it was still starting
         demo.close()
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a second SIGTERM during the cleanup just ends it
         clear_upload_cache(demo)
     return 0
 

@@ -9,6 +9,7 @@ and its live sessions (`SessionRegistry`), so every front end enforces the same 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -130,10 +131,14 @@ class UiEngine:
         }
 
 
+_PATH_IN_TEXT = re.compile(r"(?<![\w.-])(?:~|\.{1,2})?/[^\s,()]+")
+
+
 def public_name(name: object) -> str:
     """A model's name as visitors may see it: a hub id as it is, a local folder by its last part only (the
     server's paths are nobody else's business)."""
     text = str(name)
     if text.startswith(("/", "~", ".")) or Path(text).expanduser().exists():
         return Path(text.rstrip("/")).name or text
-    return text
+    # a folder inside a longer name: "derived(/srv/models/x, layers 0,3)" -> "derived(x, layers 0,3)"
+    return _PATH_IN_TEXT.sub(lambda m: Path(m.group().rstrip("/")).name or m.group(), text)
