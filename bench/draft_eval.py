@@ -32,6 +32,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--draft", default="bundled", help="bundled (the draft shipped for the target) or a folder")
     p.add_argument("--audio", nargs="+", type=Path, required=True, help="held-out audio (language folders)")
     p.add_argument("--languages", nargs="+", choices=("detect", "given"), default=["detect", "given"])
+    p.add_argument("--task", choices=("transcribe", "translate"), default="transcribe",
+                   help="translate: the clips decoded into English (a multilingual target)")
     p.add_argument("--gammas", type=_ints, default=(1, 3, 5))
     p.add_argument("--max-clips", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=224, help="as asr-distill's teacher pass")
@@ -60,7 +62,8 @@ def _language_rows(how: str, d: dict) -> list[str]:
 
 def table(result: dict) -> str:
     runs = result["runs"]
-    lines = [f"{result['target']} + draft `{result['draft']}`, greedy, {result['clips']} held-out clips "
+    task = " translated into English" if result.get("task") == "translate" else ""
+    lines = [f"{result['target']} + draft `{result['draft']}`, greedy, {result['clips']} held-out clips{task} "
              f"({result['minutes']:.1f} min), {result['threads']} threads; {result['cpu']}", "",
              "| decoding language | exact == off | exact / off, end to end | in the loop | ceiling | off / exact s "
              "| tokens per target call (gamma) |", "|---|---|---|---|---|---|---|"]
@@ -92,12 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     names = [f"{c.path.name}#{c.window}" for c in clips]
     runs = {}
     for how in args.languages:
-        options = EvalOptions(gammas=args.gammas, language=how)
+        options = EvalOptions(gammas=args.gammas, language=how, task=args.task)
         found = in_decoder(pair, draft, audio, names, options, args.max_new_tokens,
                            languages=[c.folder_language for c in clips])
         runs[how] = decoder_figures(found)
         print(f"{how}: exact/off {found.speedup:.2f}x, identical {found.identical}/{found.clips}", flush=True)
-    result = {"target": args.target, "draft": args.draft, "clips": len(clips), "threads": args.threads,
+    result = {"target": args.target, "draft": args.draft, "task": args.task, "clips": len(clips), "threads": args.threads,
               "minutes": sum(c.seconds for c in clips) / 60, "cpu": describe_cpu(cpu_facts(args.threads)),
               "runs": runs, "seconds": round(time.perf_counter() - began, 1)}
     save_results(result_path(args.name), result, table(result))
