@@ -6,6 +6,7 @@ import argparse
 import logging
 import math
 import sys
+import warnings
 from pathlib import Path
 
 from asr_app.decoding.options import (
@@ -279,7 +280,10 @@ def report(exc: Exception, prog: str) -> None:
 
 
 def check_args_or_report(args: argparse.Namespace, prog: str) -> bool:
-    """`check_args` for a command-line tool: False (after one clear line) when it fails."""
+    """`check_args` for a command-line tool: False (after one clear line) when it fails. From here on the
+    tool's warnings are one line each, as its errors are (Python's own format adds the file and source line
+    that raised them)."""
+    warnings.formatwarning = lambda message, category, *_args, **_kw: f"{prog}: warning: {message}\n"
     try:
         check_args(args)
     except (ValueError, ModelLoadError) as exc:

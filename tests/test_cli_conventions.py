@@ -295,3 +295,16 @@ def test_the_folder_is_synced_after_the_renames(tmp_path, monkeypatch):
     assert len(renames) == 3 and len(folder_syncs) == 2  # each folder once, after every rename
     assert min(folder_syncs) > max(renames)
     assert [c for c in calls[: min(renames)] if c[0] == "fsync"] == [("fsync", False)] * 3  # the files' contents first
+
+
+def test_a_warning_is_one_line_naming_the_tool():
+    """The target given as its own draft: a warning (it is allowed), one line like the errors, without the
+    file and source line Python's own format adds."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "asr_app.cli.transcribe", str(JFK_FLAC), "--target", str(TINY_EN_DIR),
+                           "--draft", str(TINY_EN_DIR), "--device", "cpu", "--quiet"],
+                          capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300)
+    warned = [line for line in done.stderr.splitlines() if "warning" in line.lower()]
+    assert done.returncode == 0 and len(warned) == 1, done.stderr
+    assert warned[0].startswith("asr-transcribe: warning: draft") and "is not smaller than target" in warned[0]
+    assert "warnings.warn" not in done.stderr and ".py:" not in done.stderr, done.stderr
