@@ -409,14 +409,18 @@ def test_cli_non_recursive_ignores_nested_and_reports_missing(tmp_path, capsys, 
     assert not (tmp_path / "o" / "sub").exists()
 
 
-def test_sigkill_mid_run_leaves_no_partial_outputs(tmp_path):
+SIX_CLIPS = ["LJ001-0002", "LJ001-0008", "LJ001-0006", "LJ001-0004", "LJ001-0005", "LJ001-0007"]
+
+
+def _folder_run_stopped_by(sig: int, tmp_path: Path, formats: str) -> tuple[subprocess.Popen, Path, Path, str]:
+    """asr-transcribe over a folder of six clips in a child process, sent `sig` once the first file is written
+    -> (the process, the input folder, the output folder, its stderr)."""
     folder = tmp_path / "in"
     folder.mkdir()
-    clips = ["LJ001-0002", "LJ001-0008", "LJ001-0006", "LJ001-0004", "LJ001-0005", "LJ001-0007"]
-    for clip in clips:
+    for clip in SIX_CLIPS:
         (folder / f"{clip}.flac").symlink_to(lj_clip(clip))
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "asr_app.cli.transcribe", str(folder), "-o", str(out), "--format", "all",
+    command = [sys.executable, "-m", "asr_app.cli.transcribe", str(folder), "-o", str(out), "--format", formats,
                "--quiet", "--mode", "off", *MODEL_ARGS]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -424,10 +428,18 @@ def test_sigkill_mid_run_leaves_no_partial_outputs(tmp_path):
         deadline = time.monotonic() + 240
         while not list(out.glob("*.json")) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
     finally:
+        proc.kill()
         proc.wait()
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()
+    return proc, folder, out, err.decode()
+
+
+def test_sigkill_mid_run_leaves_no_partial_outputs(tmp_path):
+    clips = SIX_CLIPS
+    proc, folder, out, err = _folder_run_stopped_by(signal.SIGKILL, tmp_path, "all")
+    assert proc.returncode == -signal.SIGKILL, err
     survivors = {p.name: p.read_bytes() for p in out.iterdir()}
     assert 0 < len(survivors) < 4 * len(clips)  # killed after the first file and before the last
     assert not [name for name in survivors if name.startswith(".")]  # no temporary leftovers
@@ -457,25 +469,7 @@ def test_sigkill_mid_run_leaves_no_partial_outputs(tmp_path):
 def test_ctrl_c_mid_run_is_one_line_and_leaves_complete_files(tmp_path):
     """SIGINT (Ctrl-C) while a folder is transcribed: exit 130 with one line, no traceback (it was 48 lines
     into torch), and only complete outputs."""
-    folder = tmp_path / "in"
-    folder.mkdir()
-    clips = ["LJ001-0002", "LJ001-0008", "LJ001-0006", "LJ001-0004", "LJ001-0005", "LJ001-0007"]
-    for clip in clips:
-        (folder / f"{clip}.flac").symlink_to(lj_clip(clip))
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "asr_app.cli.transcribe", str(folder), "-o", str(out), "--format", "txt,json",
-               "--quiet", "--mode", "off", *MODEL_ARGS]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 240
-        while not list(out.glob("*.json")) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    err = err.decode()
+    proc, _, out, err = _folder_run_stopped_by(signal.SIGINT, tmp_path, "txt,json")
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "asr-transcribe: interrupted" in err, err
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]   # no temporary leftovers
