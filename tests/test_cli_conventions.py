@@ -308,3 +308,15 @@ def test_a_warning_is_one_line_naming_the_tool():
     assert done.returncode == 0 and len(warned) == 1, done.stderr
     assert warned[0].startswith("asr-transcribe: warning: draft") and "is not smaller than target" in warned[0]
     assert "warnings.warn" not in done.stderr and ".py:" not in done.stderr, done.stderr
+
+
+def test_a_failed_model_load_leaves_no_output_folder_behind(tmp_path, capsys):
+    """The output folder is checked before the models load, but made only with the first outputs: a run
+    that stops at the models leaves no empty folders."""
+    empty_draft = tmp_path / "empty-draft"
+    empty_draft.mkdir()
+    out = tmp_path / "new" / "sub"
+    code = cli.main([str(JFK_FLAC), "--target", str(TINY_EN_DIR), "--draft", str(empty_draft), "-o", str(out),
+                     "--device", "cpu"])
+    assert code == 2 and "has no config.json" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()

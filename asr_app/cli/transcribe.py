@@ -142,7 +142,7 @@ def _pending(args, formats: list[str], jobs: list[Job]) -> tuple[list[Job], int,
     """(jobs still to do, how many were skipped, a problem that stops the run before any model loads)."""
     if args.output_dir is None:
         return jobs, 0, None
-    problem = unwritable(args.output_dir)
+    problem = unwritable(args.output_dir, keep=False)   # made with the first outputs: none left by a failed load
     if problem:
         return jobs, 0, problem
     remove_stale_temps(args.output_dir)
