@@ -102,16 +102,22 @@ def write_atomic(path: str | Path, text: str) -> Path:
 
 
 def unwritable(folder: Path, keep: bool = True) -> str | None:
-    """Why outputs cannot be written to `folder` (created if missing), or None when they can: asked before any
-    model loads, so a run never ends with its results unwritten. Without `keep`, folders made for the trial
-    are removed again: nothing is left behind by a run that stops before it writes."""
+    """Why outputs cannot be written to `folder` (created if missing), as a sentence, or None when they can:
+    asked before any model loads, so a run never ends with its results unwritten (see `write_problem`)."""
+    why = write_problem(folder, keep)
+    return f"cannot write to the output folder {folder}: {why}" if why else None
+
+
+def write_problem(folder: Path, keep: bool = True) -> str | None:
+    """The system's reason `folder` cannot be made and written to, or None. Without `keep`, folders made for
+    the trial are removed again: nothing is left behind by a run that stops before it writes."""
     made = [p for p in (folder, *folder.parents) if not p.exists()]   # deepest first
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".asr-write-test-"):
             pass
     except OSError as exc:
-        return f"cannot write to the output folder {folder}: {exc.strerror or exc}"
+        return str(exc.strerror or exc)
     finally:
         for path in made if not keep else ():
             with contextlib.suppress(OSError):

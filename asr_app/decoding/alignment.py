@@ -227,7 +227,7 @@ def shift_words(words: list[Word] | None, offset: float, floor: float,
     out = []
     for w in words:
         start = min(max(round(offset + w.start, 3), floor), ceiling)
-        end = min(max(round(offset + w.end, 3), start), max(ceiling, start))
+        end = min(max(round(offset + w.end, 3), start), ceiling)   # start <= ceiling already
         out.append(Word(w.word, start, end, w.probability, w.tokens))
         floor = start
     return out

@@ -35,7 +35,7 @@ from asr_app.distill.student import build_student, default_layers, head_weight
 from asr_app.distill.teacher import Teacher, target_fingerprint
 from asr_app.distill.train import StepLog, Trainer, TrainResult
 from asr_app.distill.vocab import label_ranking
-from asr_app.fileio import unwritable
+from asr_app.fileio import write_problem
 from asr_app.models import ct2
 from asr_app.models.bundled import load_bundled_draft
 from asr_app.models.errors import ModelLoadError
@@ -110,7 +110,7 @@ def _check_run_file(run: RunFile, options: DistillOptions) -> None:
     # starting it again is what --resume would do, so a run that failed there does not block its own command.
     trained = (out / CHECKPOINT).is_file()
     if not options.resume and (doc.get("status") != TEACHER_STAGE or trained):
-        where = "while training" if (out / CHECKPOINT).is_file() else f"in its {doc.get('status', '?')} stage"
+        where = "while training" if trained else f"in its {doc.get('status', '?')} stage"
         raise DistillError(f"{out} holds an interrupted run (stopped {where}): continue it with the same command "
                            "and --resume, or choose another --out")
 
@@ -119,9 +119,9 @@ def check_writable(folder: Path) -> None:
     """`folder` can be made and written to: tried now, before any model loads, rather than found out after
     the target has loaded. Folders made for the trial are removed: nothing is left behind until the run
     writes."""
-    problem = unwritable(folder, keep=False)
-    if problem:
-        raise DistillError(f"cannot write the draft to --out {folder}: {problem.rsplit(': ', 1)[-1]}")
+    why = write_problem(folder, keep=False)
+    if why:
+        raise DistillError(f"cannot write the draft to --out {folder}: {why}")
 
 
 def check_tokenizer(target: str) -> None:
