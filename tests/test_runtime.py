@@ -182,11 +182,25 @@ def test_int8_weights_match_their_dequantised_matrix_at_every_row_count():
 
 @needs_int8
 def test_int8_quantisation_keeps_zero_rows_and_extremes():
-    weight = torch.zeros(4, 8)
-    weight[1, 3], weight[2] = -5.0, torch.linspace(-1, 1, 8)
+    weight = torch.zeros(4, 16)
+    weight[1, 3], weight[2] = -5.0, torch.linspace(-1, 1, 16)
     packed = quantize_int8(weight)
     assert packed.values[0].eq(0).all() and packed.values[1, 3] == -127 and packed.values[2].abs().max() == 127
-    assert torch.isfinite(linear(torch.ones(1, 8), packed)).all()
+    out = linear(torch.ones(1, 16), packed)
+    assert torch.allclose(out, torch.tensor([[0.0, -5.0, 0.0, 0.0]]), atol=0.05), out
+
+
+@needs_int8
+def test_int8_packing_keeps_widths_the_kernel_misreads_in_bf16():
+    # The kernel reads 16 inputs at a time: at width 24 it read past each row (wrong or inf in most calls).
+    generator = torch.Generator().manual_seed(4)
+    weight, x = torch.randn(8, 24, generator=generator), torch.randn(1, 24, generator=generator)
+    packed = pack(weight, torch.int8)
+    assert not isinstance(packed, Int8Weight) and packed.dtype == torch.bfloat16
+    for _ in range(50):
+        assert torch.allclose(linear(x, packed), x @ weight.T, rtol=0.05, atol=0.05)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        quantize_int8(weight)
 
 
 @torch.inference_mode()

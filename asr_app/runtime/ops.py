@@ -22,6 +22,10 @@ ACTIVATIONS = (None, "gelu")
 # (docs/runtime.md, "int8 draft").
 INT8_ROWS_SMALL, INT8_ROWS_LARGE = 4, 1
 INT8_SMALL_ELEMENTS = 1 << 20
+# PyTorch's int8 x bf16 kernel on AVX-512 CPUs reads its inputs 16 at a time with no tail: for a width that
+# is not a multiple of 16 it reads past the row and returns garbage (wrong or inf in 30-90% of calls for widths
+# 8, 24, 40, 72; right every time for 16, 48, 384). Whisper's widths are multiples of 64.
+INT8_WIDTH_MULTIPLE = 16
 
 
 @functools.cache
@@ -77,7 +81,11 @@ def int8_matmul_works() -> bool:
 
 
 def quantize_int8(weight: torch.Tensor) -> Int8Weight:
-    """`weight` [n, k] fp32 as int8 with a per-row scale (largest magnitude -> 127)."""
+    """`weight` [n, k] fp32 as int8 with a per-row scale (largest magnitude -> 127); k a multiple of
+    INT8_WIDTH_MULTIPLE (`pack` keeps other widths in bf16)."""
+    if weight.shape[1] % INT8_WIDTH_MULTIPLE:
+        raise ValueError(f"the int8 kernel needs a width that is a multiple of {INT8_WIDTH_MULTIPLE}, "
+                         f"got {weight.shape[1]}")
     scales = (weight.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny).bfloat16()
     values = torch.round(weight / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8)
     dequantised = values.float() * scales.float()[:, None]
@@ -95,12 +103,13 @@ def pack(weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor
     bytes to stream; `linear` casts the activations in and out): for a draft, whose precision changes
     its acceptance, never the output. Where bf16 is not supported the fp32 packing applies.
 
-    `dtype=torch.int8`: an `Int8Weight` where the CPU runs it (`int8_matmul_works`), else as bf16. Also for a
+    `dtype=torch.int8`: an `Int8Weight` where the CPU runs it (`int8_matmul_works`) and the width suits the
+    kernel (INT8_WIDTH_MULTIPLE), else as bf16. Also for a
     draft only: a decoding step multiplies one row per clip, and int8 halves the bytes it streams."""
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or not onednn_packing_works():
         return weight
     if dtype == torch.int8:
-        if int8_matmul_works():
+        if int8_matmul_works() and weight.shape[1] % INT8_WIDTH_MULTIPLE == 0:
             return quantize_int8(weight.detach())
         dtype = torch.bfloat16
     if dtype == torch.bfloat16 and onednn_packing_works(torch.bfloat16):
