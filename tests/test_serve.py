@@ -418,6 +418,7 @@ def test_unknown_api_paths_get_the_api_answer_with_the_web_app_mounted(tiny_en_p
     assert "GET is not accepted" in wrong_method.json()["error"]["message"]
     assert socket_path.status_code == 400 and "WebSocket" in socket_path.json()["error"]["message"]
     assert page.status_code == 200 and "gradio" in page.text.lower()   # the web app still answers its own
+    assert "recorder was not ready" in page.text   # with the page script that mends Gradio's Record race
 
 
 def test_a_request_past_the_timeout_is_told_the_service_is_busy(tiny_en_pair):

@@ -198,6 +198,18 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+# Every AudioContext a page makes, kept where a failed wait can read their states (a recorder whose context
+# stayed suspended gets no audio).
+WATCH_AUDIO_CONTEXTS = """(() => {
+  const Native = window.AudioContext;
+  if (!Native) return;
+  window.__audio_contexts = [];
+  window.AudioContext = class extends Native {
+    constructor(...args) { super(...args); window.__audio_contexts.push(this); }
+  };
+})();"""
+
+
 class DevTools:
     """A minimal Chrome DevTools Protocol client over --remote-debugging-pipe (stdlib only):
     the browser reads NUL-terminated JSON commands on fd 3 and writes replies on fd 4."""
@@ -223,6 +235,7 @@ class DevTools:
         os.close(child_r)
         os.close(child_w)
         self._id, self._buffer = 0, b""
+        self.events: list[dict] = []   # what the browser reported while we waited for replies
 
     def send(self, method: str, params: dict | None = None, session: str | None = None) -> dict:
         self._id += 1
@@ -238,7 +251,9 @@ class DevTools:
                 self._buffer += data
             raw, self._buffer = self._buffer.split(b"\0", 1)
             reply = json.loads(raw)
-            if reply.get("id") == self._id:
+            if "method" in reply:
+                self.events.append(reply)
+            elif reply.get("id") == self._id:
                 if "error" in reply:
                     raise RuntimeError(f"{method}: {reply['error']}")
                 return reply["result"]
@@ -249,6 +264,7 @@ class DevTools:
         session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         page = Page(self, session)
         page.send("Page.enable")
+        page.send("Page.addScriptToEvaluateOnNewDocument", {"source": WATCH_AUDIO_CONTEXTS})
         page.send("Page.navigate", {"url": url})
         return page
 
@@ -270,8 +286,11 @@ class Page:
     def send(self, method: str, params: dict | None = None) -> dict:
         return self.browser.send(method, params, self.session)
 
-    def js(self, expression: str):
-        reply = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True})
+    def js(self, expression: str, user_gesture: bool = False):
+        """`expression`'s value; `user_gesture` runs it as a user's action would (a click that should start
+        recording: without one, the page's AudioContext starts suspended and the recorder gets no audio)."""
+        reply = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True,
+                                               "userGesture": user_gesture})
         if "exceptionDetails" in reply:
             raise RuntimeError(reply["exceptionDetails"].get("exception", {}).get("description", expression))
         return reply["result"].get("value")
@@ -322,7 +341,9 @@ def _stalled(number: int, received: float, tab: Page, browser_log: Path) -> str:
     text = tab.js("document.body.innerText") or ""
     log = browser_log.read_text(errors="replace")[-1500:] if browser_log.exists() else "(no browser log)"
     return (f"tab {number}: the server received only {received} s of the recording\n"
-            f"buttons: {tab.js(BUTTON_LABELS)}\npage text (end): {text[-800:]!r}\nchromium log (end):\n{log}")
+            f"buttons: {tab.js(BUTTON_LABELS)}\n"
+            f"audio contexts: {tab.js('(window.__audio_contexts || []).map(c => c.state)')}\n"
+            f"page text (end): {text[-800:]!r}\nchromium log (end):\n{log}")
 
 
 # Skipped only on a developer machine without chromium; under CI (.ci/run installs it) a missing
@@ -366,7 +387,7 @@ def test_browser_shows_the_tabs_and_two_tabs_transcribe_the_microphone(server, t
         assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 20_000
 
         for tab in tabs:
-            assert tab.js(CLICK_BUTTON.format(label="Record"))
+            assert tab.js(CLICK_BUTTON.format(label="Record"), user_gesture=True)
         # The browser drops chunks whose upload has not finished when recording stops, so stop
         # only once the server has received the whole speech (on a loaded CPU it lags behind).
         deadline = time.monotonic() + 240
@@ -375,7 +396,7 @@ def test_browser_shows_the_tabs_and_two_tabs_transcribe_the_microphone(server, t
                 assert time.monotonic() < deadline, _stalled(number, received, tab, tmp_path / "chromium.log")
                 time.sleep(0.2)
         for tab in tabs:
-            assert tab.js(CLICK_BUTTON.format(label="Stop"))
+            assert tab.js(CLICK_BUTTON.format(label="Stop"), user_gesture=True)
         texts, received = [], []
         for tab in tabs:
             tab.wait_for("document.body.innerText.includes('finished')", 180, "the recording to be finalised")
@@ -385,7 +406,7 @@ def test_browser_shows_the_tabs_and_two_tabs_transcribe_the_microphone(server, t
 
         # The Compare tab in the browser: upload a clip, give a reference, run the three modes.
         page = tabs[0]
-        assert page.js(CLICK_LAST_BUTTON.format(label="Compare"))
+        assert page.js(CLICK_LAST_BUTTON.format(label="Compare"), user_gesture=True)
         page.wait_for("document.querySelectorAll('input[type=file]').length > 0", 30, "the Compare tab")
         page.send("DOM.enable")
         root = page.send("DOM.getDocument", {"depth": -1, "pierce": True})["root"]["nodeId"]
@@ -397,7 +418,7 @@ def test_browser_shows_the_tabs_and_two_tabs_transcribe_the_microphone(server, t
         page.wait_for("!document.body.innerText.includes('Drop Audio Here')", 30, "the upload")
         page.js(f"""(() => {{ const t = Array.from(document.querySelectorAll('textarea')).find(t => t.offsetParent);
             t.value = {LJ_SHORT_TEXT!r}; t.dispatchEvent(new Event('input', {{bubbles: true}})); return true; }})()""")
-        assert page.js(CLICK_BUTTON.format(label="Compare exact / sigmoid / baseline"))
+        assert page.js(CLICK_BUTTON.format(label="Compare exact / sigmoid / baseline"), user_gesture=True)
         page.wait_for("document.body.innerText.includes('Highlights show')", 120, "the comparison")
         compare_text = page.js("document.body.innerText")
         page.screenshot(ARTIFACTS / "ui_compare_screenshot.png")
@@ -412,6 +433,51 @@ def test_browser_shows_the_tabs_and_two_tabs_transcribe_the_microphone(server, t
         # Each session heard the recording once: not the other tab's audio too.
         assert speech_end_s <= seconds < 2 * speech_end_s, received
         assert word_error_rate(LJ_LIVE_TEXT, text) < 0.3, texts
+
+
+def test_a_record_click_before_the_recorder_loads_is_pressed_again_for_the_user(server, tmp_path):
+    """Gradio loads its streaming recorder's modules after the page shows; a Record click before they load
+    failed inside Gradio and recorded nothing while showing Stop (a CI run waited 240 s on it). The browser
+    holds those modules back here, so the click always lands first: the page's script (ui/page_script.py)
+    presses Stop and Record again once they load, and the microphone's audio reaches the server."""
+    assert chromium(), "chromium is not installed: .ci/run installs it with apt-get"
+    url, *_ = server
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--use-fake-ui-for-media-stream",
+             "--use-fake-device-for-media-stream"]
+    browser = DevTools(chromium(), flags, tmp_path / "chromium.log")
+    try:
+        target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        page = Page(browser, browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"])
+        for method in ("Page.enable", "Runtime.enable"):
+            page.send(method)
+        # The recorder's modules (extendable-media-recorder and its WAV encoder) are Gradio's only "module-*" assets.
+        page.send("Fetch.enable", {"patterns": [{"urlPattern": "*/assets/module-*.js"}]})
+        page.send("Page.navigate", {"url": url})
+        page.wait_for(f"(() => {{ const l = {BUTTON_LABELS}; return l.includes('Record') && l; }})()", 60,
+                      "the page to render")
+        held = [e["params"]["requestId"] for e in browser.events if e["method"] == "Fetch.requestPaused"]
+        assert held, "no recorder module was requested: Gradio's asset names changed, update the pattern"
+        assert page.js(CLICK_BUTTON.format(label="Record"), user_gesture=True)
+        time.sleep(1)
+        assert _audio_received(page.js("document.body.innerText")) == 0   # the click recorded nothing
+        for request in held:
+            page.send("Fetch.continueRequest", {"requestId": request})
+        deadline = time.monotonic() + 120
+        while (received := _audio_received(page.js("document.body.innerText"))) < 1.0:
+            for event in browser.events:   # modules requested after the first ones load
+                if event["method"] == "Fetch.requestPaused" and event["params"]["requestId"] not in held:
+                    held.append(event["params"]["requestId"])
+                    page.send("Fetch.continueRequest", {"requestId": event["params"]["requestId"]})
+            assert time.monotonic() < deadline, _stalled(0, received, page, tmp_path / "chromium.log")
+            time.sleep(0.2)
+        warnings = [str(e["params"]["args"][0].get("value")) for e in browser.events
+                    if e["method"] == "Runtime.consoleAPICalled" and e["params"]["type"] == "warning"]
+        assert any("recorder was not ready" in w for w in warnings), warnings
+        assert page.js(CLICK_BUTTON.format(label="Stop"), user_gesture=True)
+    finally:
+        browser.close()
 
 
 # Last in the module: it stops the module's app.

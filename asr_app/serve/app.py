@@ -20,6 +20,7 @@ from asr_app.serve.live import build_live_router
 from asr_app.serve.metrics import metrics_text
 from asr_app.serve.security import AccessSettings, Refusal, error_response, require_key
 from asr_app.ui.engine import UiEngine
+from asr_app.ui.page_script import RECORDER_RETRY_HEAD
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ def build_app(engine: UiEngine, access: AccessSettings = AccessSettings(), mount
         from asr_app.ui.app import build_app as build_gradio_app
         demo = build_gradio_app(engine)
         app = gr.mount_gradio_app(app, demo, path="/", max_file_size=f"{int(engine.limits.max_upload_mb)}mb",
-                                  ssr_mode=False, auth_dependency=None)
+                                  ssr_mode=False, auth_dependency=None, head=RECORDER_RETRY_HEAD)
         app.state.gradio_demo = demo   # its upload cache is cleared when the service stops (serve/cli.py)
     return app
 

@@ -20,6 +20,7 @@ from asr_app.arguments import add_model_args, check_args_or_report, load_decoder
 from asr_app.ui.engine import COMPARE_MODES, UI_MODES, UiEngine
 from asr_app.ui.file import CompareOutcome, compare_modes, transcribe_file
 from asr_app.ui.live import live_chunk, live_figures_markdown, live_reset, live_stop
+from asr_app.ui.page_script import LIVE_MIC_ID, RECORDER_RETRY_HEAD
 from asr_app.ui.text import DIFF_CHANGED, DIFF_MISSING, live_transcript_html
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ def _live_tab(engine: UiEngine, default_mode: str) -> None:
         live_mode = gr.Dropdown(list(engine.modes), value=default_mode, label="Mode")
         live_temperature = gr.Slider(0.0, 1.0, value=engine.base_options.temperature, step=0.1, label="Temperature")
         live_language = gr.Dropdown(list(engine.languages), value=_default_language(engine), label="Language")
-    mic = gr.Audio(sources=["microphone"], type="numpy", streaming=True, label="Microphone")
+    mic = gr.Audio(sources=["microphone"], type="numpy", streaming=True, label="Microphone", elem_id=LIVE_MIC_ID)
     live_text = gr.HTML(live_transcript_html("", ""), label="Transcript")
     live_figures = gr.Markdown(live_figures_markdown(None))
     live_outputs = [live_state, live_text, live_figures]
@@ -203,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         demo.launch(server_name=args.host, server_port=args.port, share=args.share, ssr_mode=False,
-                    footer_links=["api"], max_file_size=f"{args.max_upload_mb}mb")
+                    footer_links=["api"], max_file_size=f"{args.max_upload_mb}mb", head=RECORDER_RETRY_HEAD)
     except OSError as err:  # port taken, address not available, ...
         print(f"error: cannot serve on {args.host}:{args.port}: {err}", file=sys.stderr)
         return 2
