@@ -13,8 +13,8 @@ recorder has had time to load; the second click builds the recorder anew.
 from __future__ import annotations
 
 LIVE_MIC_ID = "asr-live-mic"
-RETRY_AFTER_MS = 1500
-MAX_RETRIES = 5
+RETRY_AFTER_MS = 2000
+MAX_RETRIES = 10
 CLICK_WINDOW_MS = 5000   # an uncaught failure this soon after a Record click is taken for the recorder's
 
 RECORDER_RETRY_HEAD = f"""<script>
