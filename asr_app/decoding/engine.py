@@ -19,7 +19,7 @@ import torch
 
 from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS
 from asr_app.decoding.alignment import FRAMES_PER_SECOND, add_word_timestamps, alignment_heads
-from asr_app.decoding.context import encoder_input, lost_end_of_audio, token_cap
+from asr_app.decoding.context import encoder_input, lost_end_of_audio, retry_contexts, token_cap
 from asr_app.decoding.costs import capture_target_widths, costs_pinned, measure_step_costs
 from asr_app.decoding.gamma import (
     AcceptanceEstimate,
@@ -155,7 +155,7 @@ class SpeculativeDecoder:
         return len(built.tokens), built.sot_index
 
     # ------------------------------------------------------------------ batching
-    def _decode(self, feats, options, prompts, windows, hints=None) -> list[DecodingResult]:
+    def _decode(self, feats, options, prompts, windows, hints=None, redo: bool = True) -> list[DecodingResult]:
         opts = options or self.options
         if opts.mode != "off" and self.draft is None:
             raise ValueError(f"mode '{opts.mode}' needs a draft model; load a pair with a draft or use mode 'off'")
@@ -191,23 +191,29 @@ class SpeculativeDecoder:
                                          [hints[i] for i in rows])
             for i, res in zip(rows, decoded):
                 results[i] = res
-        if opts.encoder_context_s is not None:
+        if opts.encoder_context_s is not None and redo:
             self._redo_lost_rows(results, feats, opts, prompts, windows, hints)
         return results  # type: ignore[return-value]
 
     def _redo_lost_rows(self, results, feats, opts, prompts, windows, hints) -> None:
         """Rows decoded over a shortened encoder input that went wrong (a repetition loop, a decode that ran to
         the token limit, text placed past the audio: the end of the audio was not visible enough) are decoded
-        again over the whole window, so the option costs speed there, never a transcript."""
-        full = replace(opts, encoder_context_s=None)
+        again, over twice the context, then if still lost over the whole window (`retry_contexts`), so the
+        option costs speed there, never a transcript. `context_retries` counts the decodes done again."""
+        if self.graph_mode != "eager":
+            return
         for i, result in enumerate(results):
-            if self.graph_mode == "eager" and lost_end_of_audio(result, windows[i], opts.encoder_context_s):
-                redone = self._decode(feats[i : i + 1], full, [prompts[i]], [windows[i]], [hints[i]])[0]
-                redone.stats.context_retries = 1
-                redone.stats.setup_s += result.stats.setup_s
-                redone.stats.encoder_s += result.stats.encoder_s
-                redone.stats.total_s += result.stats.total_s
-                results[i] = redone
+            if not lost_end_of_audio(result, windows[i], opts.encoder_context_s):
+                continue
+            spent = result   # the decodes done so far for this row, their costs to be added to the kept one
+            for retries, context in enumerate(retry_contexts(opts.encoder_context_s, windows[i], WINDOW_SECONDS), 1):
+                attempt = self._decode(feats[i : i + 1], replace(opts, encoder_context_s=context), [prompts[i]],
+                                       [windows[i]], [hints[i]], redo=False)[0]
+                attempt.stats.context_retries = retries
+                if context is None or not lost_end_of_audio(attempt, windows[i], context):
+                    break
+                spent = _with_costs_of(attempt, spent)
+            results[i] = _with_costs_of(attempt, spent)
 
     def _checked_hint(self, hint, index: int) -> list[int] | None:
         if hint is None:
@@ -449,3 +455,11 @@ class SpeculativeDecoder:
 
     def _language_code(self, token: int) -> str:
         return next(key for key, value in self.generation_config.lang_to_id.items() if value == token).strip("<|>")
+
+
+def _with_costs_of(result: DecodingResult, discarded: DecodingResult) -> DecodingResult:
+    """`result`, its time figures including those of a decode that was done again (`discarded`)."""
+    result.stats.setup_s += discarded.stats.setup_s
+    result.stats.encoder_s += discarded.stats.encoder_s
+    result.stats.total_s += discarded.stats.total_s
+    return result
