@@ -111,3 +111,19 @@ def test_a_lost_decode_is_done_again_with_twice_the_context_before_the_whole_win
     assert wider.stats.context_retries == 0 and not lost_end_of_audio(wider, seconds, 2.0)
     assert result.stats.context_retries == 1, "1 s of context no longer loops here: pick another case"
     assert result.tokens == wider.tokens
+
+
+def test_features_for_a_shortened_input_are_the_whole_windows_value_for_value(decoder):
+    """Only the frames the encoder reads (and a margin) are computed; the rest are filled with the padding's
+    value. A batch of different lengths, silence, and speech cut mid-word at its end."""
+    from asr_app.decoding.context import feature_samples
+
+    speech = load_audio(CLIPS[0])
+    clips = [speech[:5 * 16_000], speech[:2 * 16_000 + 123], np.zeros(16_000, dtype=np.float32), speech[:26 * 16_000]]
+    for batch in ([clips[0], clips[1]], [clips[2]], [clips[0], clips[2]], [clips[3]]):
+        windows = [c.size / 16_000 for c in batch]
+        whole = decoder.feature_extractor(batch, sampling_rate=16_000, return_tensors="pt").input_features
+        options = dataclasses.replace(decoder.options, encoder_context_s=3.0)
+        assert decoder._features(batch, options, windows).equal(whole)
+    assert feature_samples(3.0, [5.0, 2.0], 30.0, 16_000) == 9 * 16_000     # 5 s + 3 s + a 1 s margin
+    assert feature_samples(3.0, [26.5], 30.0, 16_000) is None and feature_samples(None, [5.0], 30.0, 16_000) is None

@@ -19,6 +19,34 @@ LOOP_COMPRESSION_RATIO = 2.4
 MAX_TOKENS_PER_SECOND = 12   # ... or produced more tokens than speech has (about 3-6 a second, timestamps included)
 
 
+# Features are computed this far past the encoder's input, so that their last frame holds padding only.
+FEATURE_MARGIN_S = 1.0
+HOP_SAMPLES = 160   # Whisper's feature frame: 10 ms at 16 kHz
+
+
+def feature_samples(context_s: float | None, windows: Sequence[float], full_window_s: float,
+                    sample_rate: int) -> int | None:
+    """How many samples of each clip (zero-padded) the feature extractor needs for a shortened encoder input,
+    or None for the whole window. Whisper's features past the audio are all one value per clip (the padding's
+    log-mel, floored at the clip's maximum minus 8), so frames computed over padding stand for the rest
+    (`pad_features`): the result equals the whole window's features, value for value (tested)."""
+    if context_s is None:
+        return None
+    seconds = max(windows) + context_s + FEATURE_MARGIN_S
+    if seconds >= full_window_s:
+        return None
+    return HOP_SAMPLES * math.ceil(seconds * sample_rate / HOP_SAMPLES)
+
+
+def pad_features(features: torch.Tensor, frames: int) -> torch.Tensor:
+    """`features` [B, mels, n] computed over a clip and its padding, made `frames` long by repeating their
+    last frame (padding only: `feature_samples`)."""
+    missing = frames - features.shape[-1]
+    if missing <= 0:
+        return features
+    return torch.cat([features, features[..., -1:].expand(*features.shape[:-1], missing)], dim=-1)
+
+
 def encoder_input(features: torch.Tensor, context_s: float | None, windows: Sequence[float]) -> torch.Tensor:
     """The feature frames to encode: the batch's longest audio plus `context_s` of padding, or all of them."""
     if context_s is None:

@@ -19,7 +19,14 @@ import torch
 
 from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS
 from asr_app.decoding.alignment import FRAMES_PER_SECOND, add_word_timestamps, alignment_heads
-from asr_app.decoding.context import encoder_input, lost_end_of_audio, retry_contexts, token_cap
+from asr_app.decoding.context import (
+    encoder_input,
+    feature_samples,
+    lost_end_of_audio,
+    pad_features,
+    retry_contexts,
+    token_cap,
+)
 from asr_app.decoding.costs import capture_target_widths, costs_pinned, measure_step_costs
 from asr_app.decoding.gamma import (
     AcceptanceEstimate,
@@ -129,10 +136,17 @@ class SpeculativeDecoder:
                                  f"most {WINDOW_SECONDS:.0f} s (use asr_app.longform for long audio)")
             if not np.isfinite(clip).all():
                 raise ValueError(f"clip {i} contains NaN or infinite samples")
-        feats = self.feature_extractor([np.asarray(c, dtype=np.float32) for c in clips],
-                                       sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
         windows = [len(c) / SAMPLE_RATE for c in clips]
-        return self._decode(feats, options, prompts, windows, hints)
+        return self._decode(self._features(clips, options or self.options, windows), options, prompts, windows, hints)
+
+    def _features(self, clips: list[np.ndarray], opts: DecodingOptions, windows: list[float]) -> torch.Tensor:
+        """Log-mel features [B, mels, 3000]; for a shortened encoder input, computed over the frames it reads
+        (and a margin) only, the rest filled in (`feature_samples`: the same values)."""
+        samples = feature_samples(opts.encoder_context_s, windows, WINDOW_SECONDS, SAMPLE_RATE)
+        extra = {} if samples is None else {"max_length": samples}
+        feats = self.feature_extractor([np.asarray(c, dtype=np.float32) for c in clips], sampling_rate=SAMPLE_RATE,
+                                       return_tensors="pt", **extra).input_features
+        return pad_features(feats, 2 * self.target.config.max_source_positions)
 
     def decode_features(self, features: torch.Tensor, options: DecodingOptions | None = None,
                         prompts: list[str | Sequence[int] | None] | None = None,
