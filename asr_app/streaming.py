@@ -183,18 +183,13 @@ class LocalAgreement(CommitPolicy):
     """LocalAgreement-2: commit the longest common prefix of the last two hypotheses, up to the first
     word that ends within `edge_s` of the buffer's end. At short steps two hypotheses come from nearly
     the same audio and may agree on a word cut off at the edge ("in" of "into"); held back, it is
-    compared again once more audio has come.
-
-    With `settled_s`, words of the newest hypothesis that end at least that long before the buffer's end
-    are committed too, agreed or not: the decoder has heard that much after them. When re-decodes come
-    far apart (a loaded server takes all new audio at once), a word then waits for one decode that has
-    heard past it, not for two."""
+    compared again once more audio has come."""
 
     name = "local-agreement"
 
-    def __init__(self, edge_s: float = EDGE_S, settled_s: float | None = None) -> None:
+    def __init__(self, edge_s: float = EDGE_S) -> None:
         super().__init__()
-        self.edge_s, self.settled_s = edge_s, settled_s
+        self.edge_s = edge_s
         self._previous: list[Word] | None = None
 
     def insert(self, hypothesis: Sequence[Word], buffer_end: float = float("inf")) -> list[Word]:
@@ -205,9 +200,6 @@ class LocalAgreement(CommitPolicy):
                 if old.key != cur.key or cur.end > buffer_end - self.edge_s:
                     break
                 agreed.append(cur)
-        if self.settled_s is not None:
-            while len(agreed) < len(new) and new[len(agreed)].end <= buffer_end - self.settled_s:
-                agreed.append(new[len(agreed)])
         committed = self._commit(agreed)
         self.tail = new[len(agreed):]
         self._previous = self.tail
@@ -246,11 +238,10 @@ class AlignAtt(CommitPolicy):
 POLICIES = {"local-agreement": LocalAgreement, "alignatt": AlignAtt}
 
 
-def commit_policy(name: str, frontier_s: float = 0.5, edge_s: float = EDGE_S,
-                  settled_s: float | None = None) -> CommitPolicy:
+def commit_policy(name: str, frontier_s: float = 0.5, edge_s: float = EDGE_S) -> CommitPolicy:
     if name not in POLICIES:
         raise ValueError(f"unknown commit policy '{name}'; choose one of {', '.join(POLICIES)}")
-    return AlignAtt(frontier_s) if name == "alignatt" else LocalAgreement(edge_s, settled_s)
+    return AlignAtt(frontier_s) if name == "alignatt" else LocalAgreement(edge_s)
 
 
 @dataclass(frozen=True)
@@ -259,7 +250,6 @@ class StreamingOptions:
     policy: str = "local-agreement"   # commit policy: local-agreement | alignatt (docs/streaming.md)
     frontier_s: float = 0.5           # alignatt: a word is final once it ends this far before the buffer's end
     edge_s: float = EDGE_S            # local-agreement: an agreed word must end this far before the buffer's end
-    settled_s: float | None = None    # local-agreement: also commit words ending this far before it, unagreed
     word_alignment: bool = True       # word times from cross-attention (else interpolated in segments)
     trim_s: float = 15.0              # once the buffer is longer, cut it at a committed segment end
     max_buffer_s: float = WINDOW_SECONDS  # hard cap (Whisper's window); forces a cut when reached
@@ -328,7 +318,7 @@ class StreamingProcessor:
                                             word_probabilities=False)
         self.clock = clock
         self.vad = SpeechDetector() if options.vad_filter else None
-        self.agreement = commit_policy(options.policy, options.frontier_s, options.edge_s, options.settled_s)
+        self.agreement = commit_policy(options.policy, options.frontier_s, options.edge_s)
         self.committed: list[Word] = []
         self.steps: list[StepRecord] = []
         self._buffer = np.zeros(0, dtype=np.float32)

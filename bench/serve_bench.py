@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import dataclasses
 import json
 import os
 import statistics
@@ -341,9 +340,7 @@ def streams_table(report: dict) -> str:
     offline = (" worst WER - whole clip |", "---|") if "offline_wer" in streams else ("", "")
     lines = [f"tiny.en + distilled draft, `exact`, {report['threads']} threads, {clips} real clips{repeated} "
              f"({sum(streams['clips_s']):.0f} s) streamed at real-time pace over the WebSocket; encoder context "
-             f"{streams['context_s']:g} s for `scheduler+context`"
-             + (f"; words settled {report['settled_s']:g} s before the buffer's end commit unagreed"
-                if report.get("settled_s") is not None else "") + f"; {where}",
+             f"{streams['context_s']:g} s for `scheduler+context`; {where}",
              "",
              "| engine | N | p50 s | p90 s | worst s | mean WER | worst WER - alone |" + offline[0],
              "|---|---|---|---|---|---|---|" + offline[1]]
@@ -396,8 +393,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--audio", type=Path, default=None,
                         help="clips with transcripts (default the shared audio; tests/data/audio travels to a GPU)")
     parser.add_argument("--cycle-clips", action="store_true", help="repeat the clips up to the largest N")
-    parser.add_argument("--settled", default=None,
-                        help="the streams' local-agreement settled_s (seconds, or 'none'; default: the product's)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/<device>/<date>/serve_bench.json)")
     args = parser.parse_args(argv)
@@ -417,11 +412,7 @@ def main(argv: list[str] | None = None) -> int:
               "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "cpu": _cpu(),
               "device": device_name(args.device) if args.device.startswith("cuda") else "cpu"}
     if counts:
-        streaming = StreamingOptions()
-        if args.settled is not None:
-            streaming = dataclasses.replace(streaming, settled_s=None if args.settled == "none" else float(args.settled))
-        report["settled_s"] = streaming.settled_s
-        report["streams"] = bench_streams(decoder, streaming, counts, args.engines.split(","),
+        report["streams"] = bench_streams(decoder, StreamingOptions(), counts, args.engines.split(","),
                                           args.context, args.audio, args.cycle_clips)
     if args.api_requests:
         report["api"] = bench_api(decoder, args.api_requests, args.audio, args.cycle_clips, args.api_rounds)

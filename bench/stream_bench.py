@@ -224,20 +224,18 @@ def run(args: argparse.Namespace) -> dict:
     reuse_choices = {"on": [True], "off": [False], "both": [False, True]}[args.reuse]
     steps = [float(x) for x in str(args.steps).split(",")]
     policies = args.policies.split(",")
-    settled = [None if x == "none" else float(x) for x in str(args.settled).split(",")]
-    variants = [(mode, reuse, policy, step, s) for mode in args.modes.split(",") for reuse in reuse_choices
-                for policy in policies for step in steps for s in settled]
+    variants = [(mode, reuse, policy, step) for mode in args.modes.split(",") for reuse in reuse_choices
+                for policy in policies for step in steps]
     offline_text: dict[str, dict[Path, str]] = {}
-    for mode, reuse, policy, step, settled_s in variants:
+    for mode, reuse, policy, step in variants:
         name = (f"{mode}+reuse" if reuse else mode) + (f" {policy}" if len(policies) > 1 else "") + (
-            f" step {step:g}" if len(steps) > 1 else "") + (f" settled {settled_s}" if len(settled) > 1 else "")
+            f" step {step:g}" if len(steps) > 1 else "")
         decoder = SpeculativeDecoder(pair, DecodingOptions(mode=mode))
         decoder.decode([audios[clips[0]][:16000]])  # warm-up: first-call allocations are not streaming latency
         options = StreamingOptions(step_s=step, reuse_hypothesis=reuse, policy=policy,
-                                   word_alignment=args.alignment == "on", edge_s=args.edge, settled_s=settled_s)
+                                   word_alignment=args.alignment == "on", edge_s=args.edge)
         per_clip = stream_clips(decoder, clips, audios, options, args, offline_text.setdefault(mode, {}), name)
         results["modes"][name] = {"mode": mode, "reuse_hypothesis": reuse, "policy": policy, "step_s": step,
-                                  "settled_s": settled_s,
                                   **summarize_variant(per_clip, normalise)}
     return results
 
@@ -307,9 +305,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--edge", type=float, default=EDGE_S,
                         help=f"local-agreement's margin before the buffer's end in seconds (default {EDGE_S}; 0: plain "
                              "LocalAgreement-2)")
-    parser.add_argument("--settled", default="none",
-                        help="local-agreement's settled_s: words ending this far before the buffer's end are "
-                             "committed unagreed; a comma list compares values ('none': off)")
     parser.add_argument("--policies", default="local-agreement",
                         help="comma-separated commit policies: local-agreement, alignatt")
     parser.add_argument("--alignment", choices=("on", "off"), default="on",

@@ -66,21 +66,6 @@ def test_agreed_words_at_the_buffer_edge_wait_for_more_audio():
     assert [w.text for w in plain.insert(hyp(("walk", 0.5), ("in", 1.2)), buffer_end=1.3)] == ["walk", "in"]
 
 
-def test_settled_words_commit_from_one_hypothesis():
-    # Re-decodes far apart (a loaded server): words the decoder heard settled_s past are final at once,
-    # and the newest hypothesis wins where the two disagree; words nearer the end still wait for agreement.
-    la = LocalAgreement(settled_s=1.0)
-    committed = la.insert(hyp(("the", 0.5), ("cat", 1.0), ("sat", 2.6)), buffer_end=3.0)
-    assert [w.text for w in committed] == ["the", "cat"]
-    assert [w.text for w in la.tail] == ["sat"]
-    committed = la.insert(hyp(("the", 0.5), ("cat", 1.0), ("sad", 2.6), ("on", 3.0), ("a", 4.2)), buffer_end=4.5)
-    assert [w.text for w in committed] == ["sad", "on"]   # unagreed ("sat"), but settled: the newer wins
-    assert [w.text for w in la.tail] == ["a"]
-    # without settled_s the same two hypotheses commit nothing on the first and only the agreed prefix later
-    plain = LocalAgreement()
-    assert plain.insert(hyp(("the", 0.5), ("cat", 1.0), ("sat", 2.6)), buffer_end=3.0) == []
-
-
 def test_committed_words_are_skipped_in_later_hypotheses():
     la = LocalAgreement()
     la.insert(hyp(("a", 0.5), ("b", 1.0)))
