@@ -387,8 +387,8 @@ def cost_class(request: _Request) -> str:
 def _loop_figures(outcomes: list[DecodingResult | BaseException]) -> tuple[float | None, int | None]:
     """The token loop's seconds in one decode of a batch (its rows report the same figure) and the steps its
     rows made (their tokens, the end included; a row that wrote nothing still took one step). None where
-    the rows' figures are not one decode's: a failed row, or a row redone over the whole window after its
-    shortened decode (`context_retries`), whose figures add the two decodes'."""
+    the rows' figures are not one decode's: a failed row, or a row whose shortened decode was done again
+    (`context_retries`), whose figures add those of every decode it took."""
     results = [o for o in outcomes if isinstance(o, DecodingResult)]
     if len(results) != len(outcomes) or not results or any(r.stats.context_retries for r in results):
         return None, None

@@ -6,6 +6,7 @@ Debian chromium, whose screenshot is kept under artifacts/ (gitignored) as a tes
 from __future__ import annotations
 
 import base64
+import collections
 import fcntl
 import json
 import os
@@ -198,18 +199,6 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-# Every AudioContext a page makes, kept where a failed wait can read their states (a recorder whose context
-# stayed suspended gets no audio).
-WATCH_AUDIO_CONTEXTS = """(() => {
-  const Native = window.AudioContext;
-  if (!Native) return;
-  window.__audio_contexts = [];
-  window.AudioContext = class extends Native {
-    constructor(...args) { super(...args); window.__audio_contexts.push(this); }
-  };
-})();"""
-
-
 class DevTools:
     """A minimal Chrome DevTools Protocol client over --remote-debugging-pipe (stdlib only):
     the browser reads NUL-terminated JSON commands on fd 3 and writes replies on fd 4."""
@@ -235,7 +224,7 @@ class DevTools:
         os.close(child_r)
         os.close(child_w)
         self._id, self._buffer = 0, b""
-        self.events: list[dict] = []   # what the browser reported while we waited for replies
+        self.events: collections.deque[dict] = collections.deque(maxlen=20_000)   # reported while we waited
 
     def send(self, method: str, params: dict | None = None, session: str | None = None) -> dict:
         self._id += 1
@@ -264,7 +253,6 @@ class DevTools:
         session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         page = Page(self, session)
         page.send("Page.enable")
-        page.send("Page.addScriptToEvaluateOnNewDocument", {"source": WATCH_AUDIO_CONTEXTS})
         page.send("Page.navigate", {"url": url})
         return page
 
@@ -342,7 +330,6 @@ def _stalled(number: int, received: float, tab: Page, browser_log: Path) -> str:
     log = browser_log.read_text(errors="replace")[-1500:] if browser_log.exists() else "(no browser log)"
     return (f"tab {number}: the server received only {received} s of the recording\n"
             f"buttons: {tab.js(BUTTON_LABELS)}\n"
-            f"audio contexts: {tab.js('(window.__audio_contexts || []).map(c => c.state)')}\n"
             f"page text (end): {text[-800:]!r}\nchromium log (end):\n{log}")
 
 
@@ -461,7 +448,6 @@ def test_a_record_click_before_the_recorder_loads_is_pressed_again_for_the_user(
         assert held, "no recorder module was requested: Gradio's asset names changed, update the pattern"
         assert page.js(CLICK_BUTTON.format(label="Record"), user_gesture=True)
         time.sleep(1)
-        assert _audio_received(page.js("document.body.innerText")) == 0   # the click recorded nothing
         for request in held:
             page.send("Fetch.continueRequest", {"requestId": request})
         deadline = time.monotonic() + 120
@@ -474,7 +460,9 @@ def test_a_record_click_before_the_recorder_loads_is_pressed_again_for_the_user(
             time.sleep(0.2)
         warnings = [str(e["params"]["args"][0].get("value")) for e in browser.events
                     if e["method"] == "Runtime.consoleAPICalled" and e["params"]["type"] == "warning"]
-        assert any("recorder was not ready" in w for w in warnings), warnings
+        # The click failed as Gradio fails before its recorder loads, and the page's script pressed again.
+        assert any(re.search(r"recorder was not ready \((TypeError: .*not a constructor|NotSupportedError: .*audio/wav)",
+                             w) for w in warnings), warnings
         assert page.js(CLICK_BUTTON.format(label="Stop"), user_gesture=True)
     finally:
         browser.close()

@@ -217,17 +217,27 @@ class SpeculativeDecoder:
         if self.graph_mode != "eager":
             return
         for i, result in enumerate(results):
-            if not lost_end_of_audio(result, windows[i], opts.encoder_context_s):
-                continue
-            spent = result   # the decodes done so far for this row, their costs to be added to the kept one
-            for retries, context in enumerate(retry_contexts(opts.encoder_context_s, windows[i], WINDOW_SECONDS), 1):
-                attempt = self._decode(feats[i : i + 1], replace(opts, encoder_context_s=context), [prompts[i]],
-                                       [windows[i]], [hints[i]], redo=False)[0]
-                attempt.stats.context_retries = retries
-                if context is None or not lost_end_of_audio(attempt, windows[i], context):
-                    break
-                spent = _with_costs_of(attempt, spent)
-            results[i] = _with_costs_of(attempt, spent)
+            if lost_end_of_audio(result, windows[i], opts.encoder_context_s):
+                # a row shorter than its batch's longest saw that much more of the padding
+                seen = max(windows) + opts.encoder_context_s - windows[i]
+                row = (feats[i : i + 1], [prompts[i]], [windows[i]], [hints[i]])
+                results[i] = self._redo_row(result, row, opts, retry_contexts(seen, windows[i], WINDOW_SECONDS))
+
+    def _redo_row(self, lost: DecodingResult, row: tuple, opts: DecodingOptions,
+                  contexts: tuple[float | None, ...]) -> DecodingResult:
+        """One row decoded again with each context in turn until one is not lost (None, the whole window, last);
+        the kept decode's time figures include the discarded ones'."""
+        feats, prompts, windows, hints = row
+        spent = [lost]
+        for retries, context in enumerate(contexts, 1):
+            result = self._decode(feats, replace(opts, encoder_context_s=context), prompts, windows, hints, redo=False)[0]
+            result.stats.context_retries = retries
+            if context is None or not lost_end_of_audio(result, windows[0], context):
+                for discarded in spent:
+                    _add_costs(result, discarded)
+                return result
+            spent.append(result)
+        raise ValueError(f"retry contexts must end with the whole window (None), got {contexts}")
 
     def _checked_hint(self, hint, index: int) -> list[int] | None:
         if hint is None:
@@ -471,9 +481,8 @@ class SpeculativeDecoder:
         return next(key for key, value in self.generation_config.lang_to_id.items() if value == token).strip("<|>")
 
 
-def _with_costs_of(result: DecodingResult, discarded: DecodingResult) -> DecodingResult:
-    """`result`, its time figures including those of a decode that was done again (`discarded`)."""
+def _add_costs(result: DecodingResult, discarded: DecodingResult) -> None:
+    """Count a decode that was done again (`discarded`) in `result`'s time figures."""
     result.stats.setup_s += discarded.stats.setup_s
     result.stats.encoder_s += discarded.stats.encoder_s
     result.stats.total_s += discarded.stats.total_s
-    return result

@@ -191,7 +191,7 @@ class DecodingStats:
     verify_cpu_s: float = 0.0  # process CPU time of the verify calls, measured only with profile_verify
     total_s: float = 0.0
     windows: int = 1         # decodes summed into this record
-    context_retries: int = 0  # decodes over a shortened encoder input done again over the whole window
+    context_retries: int = 0  # a lost decode over a shortened encoder input: the decodes done again (1-2)
     verify_steps: list[tuple[int, float]] = field(default_factory=list)
 
     @property
