@@ -23,7 +23,7 @@ ACTIVATIONS = (None, "gelu")
 INT8_ROWS_SMALL, INT8_ROWS_LARGE = 4, 1
 INT8_SMALL_ELEMENTS = 1 << 20
 # PyTorch's int8 x bf16 kernel on AVX-512 CPUs reads its inputs 16 at a time with no tail: for a width that
-# is not a multiple of 16 it reads past the row and returns garbage (wrong or inf in 30-90% of calls for widths
+# is not a multiple of 16 it reads past the row and returns garbage (wrong or inf in 23-93% of calls for widths
 # 8, 24, 40, 72; right every time for 16, 48, 384). Whisper's widths are multiples of 64.
 INT8_WIDTH_MULTIPLE = 16
 
