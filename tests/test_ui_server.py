@@ -199,6 +199,14 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def browser_flags(tmp_path: Path) -> list[str]:
+    """Headless chromium in its own profile, with no network of its own and a fake microphone it may use."""
+    return ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}", "--use-fake-ui-for-media-stream",
+            "--use-fake-device-for-media-stream"]
+
+
 class DevTools:
     """A minimal Chrome DevTools Protocol client over --remote-debugging-pipe (stdlib only):
     the browser reads NUL-terminated JSON commands on fd 3 and writes replies on fd 4."""
@@ -247,12 +255,17 @@ class DevTools:
                     raise RuntimeError(f"{method}: {reply['error']}")
                 return reply["result"]
 
-    def open_page(self, url: str) -> Page:
-        """A new tab showing `url` (each tab is its own Gradio session)."""
+    def new_tab(self) -> Page:
+        """A new blank tab (each tab is its own Gradio session once it shows the app)."""
         target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         page = Page(self, session)
         page.send("Page.enable")
+        return page
+
+    def open_page(self, url: str) -> Page:
+        """A new tab showing `url`."""
+        page = self.new_tab()
         page.send("Page.navigate", {"url": url})
         return page
 
@@ -275,8 +288,8 @@ class Page:
         return self.browser.send(method, params, self.session)
 
     def js(self, expression: str, user_gesture: bool = False):
-        """`expression`'s value; `user_gesture` runs it as a user's action would (a click that should start
-        recording: without one, the page's AudioContext starts suspended and the recorder gets no audio)."""
+        """`expression`'s value; `user_gesture` runs it with the user activation a person's click carries
+        (the page's clicks are made as a person makes them)."""
         reply = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True,
                                                "userGesture": user_gesture})
         if "exceptionDetails" in reply:
@@ -329,8 +342,7 @@ def _stalled(number: int, received: float, tab: Page, browser_log: Path) -> str:
     text = tab.js("document.body.innerText") or ""
     log = browser_log.read_text(errors="replace")[-1500:] if browser_log.exists() else "(no browser log)"
     return (f"tab {number}: the server received only {received} s of the recording\n"
-            f"buttons: {tab.js(BUTTON_LABELS)}\n"
-            f"page text (end): {text[-800:]!r}\nchromium log (end):\n{log}")
+            f"buttons: {tab.js(BUTTON_LABELS)}\npage text (end): {text[-800:]!r}\nchromium log (end):\n{log}")
 
 
 # Skipped only on a developer machine without chromium; under CI (.ci/run installs it) a missing
@@ -355,12 +367,9 @@ def test_browser_shows_the_tabs_and_two_tabs_transcribe_the_microphone(server, t
     mic_wav = tmp_path / "mic.wav"
     sf.write(mic_wav, np.concatenate([lead, speech, tail]), 48_000, subtype="PCM_16")
     speech_end_s = (len(lead) + len(speech)) / 48_000
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--disable-background-timer-throttling", "--disable-renderer-backgrounding",
+    flags = [*browser_flags(tmp_path), "--disable-background-timer-throttling", "--disable-renderer-backgrounding",
              "--disable-backgrounding-occluded-windows", "--hide-scrollbars", "--window-size=1280,1000",
-             f"--user-data-dir={tmp_path / 'profile'}", "--use-fake-ui-for-media-stream",
-             "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={mic_wav}"]
+             f"--use-file-for-fake-audio-capture={mic_wav}"]
     browser = DevTools(chromium(), flags, tmp_path / "chromium.log")
     try:
         tabs = [browser.open_page(url), browser.open_page(url)]
@@ -429,22 +438,16 @@ def test_a_record_click_before_the_recorder_loads_is_pressed_again_for_the_user(
     presses Stop and Record again once they load, and the microphone's audio reaches the server."""
     assert chromium(), "chromium is not installed: .ci/run installs it with apt-get"
     url, *_ = server
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}", "--use-fake-ui-for-media-stream",
-             "--use-fake-device-for-media-stream"]
-    browser = DevTools(chromium(), flags, tmp_path / "chromium.log")
+    browser = DevTools(chromium(), browser_flags(tmp_path), tmp_path / "chromium.log")
     try:
-        target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        page = Page(browser, browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"])
-        for method in ("Page.enable", "Runtime.enable"):
-            page.send(method)
+        page = browser.new_tab()
+        page.send("Runtime.enable")
         # The recorder's modules (extendable-media-recorder and its WAV encoder) are Gradio's only "module-*" assets.
         page.send("Fetch.enable", {"patterns": [{"urlPattern": "*/assets/module-*.js"}]})
         page.send("Page.navigate", {"url": url})
         page.wait_for(f"(() => {{ const l = {BUTTON_LABELS}; return l.includes('Record') && l; }})()", 60,
                       "the page to render")
-        held = [e["params"]["requestId"] for e in browser.events if e["method"] == "Fetch.requestPaused"]
+        held = {e["params"]["requestId"] for e in browser.events if e["method"] == "Fetch.requestPaused"}
         assert held, "no recorder module was requested: Gradio's asset names changed, update the pattern"
         assert page.js(CLICK_BUTTON.format(label="Record"), user_gesture=True)
         time.sleep(1)
@@ -454,7 +457,7 @@ def test_a_record_click_before_the_recorder_loads_is_pressed_again_for_the_user(
         while (received := _audio_received(page.js("document.body.innerText"))) < 1.0:
             for event in browser.events:   # modules requested after the first ones load
                 if event["method"] == "Fetch.requestPaused" and event["params"]["requestId"] not in held:
-                    held.append(event["params"]["requestId"])
+                    held.add(event["params"]["requestId"])
                     page.send("Fetch.continueRequest", {"requestId": event["params"]["requestId"]})
             assert time.monotonic() < deadline, _stalled(0, received, page, tmp_path / "chromium.log")
             time.sleep(0.2)

@@ -233,11 +233,11 @@ class SpeculativeDecoder:
             result = self._decode(feats, replace(opts, encoder_context_s=context), prompts, windows, hints, redo=False)[0]
             result.stats.context_retries = retries
             if context is None or not lost_end_of_audio(result, windows[0], context):
-                for discarded in spent:
-                    _add_costs(result, discarded)
-                return result
+                break
             spent.append(result)
-        raise ValueError(f"retry contexts must end with the whole window (None), got {contexts}")
+        for discarded in spent:
+            _add_costs(result, discarded)
+        return result
 
     def _checked_hint(self, hint, index: int) -> list[int] | None:
         if hint is None:

@@ -13,15 +13,17 @@ of the person's own cancels a pending retry.
 
 from __future__ import annotations
 
+from string import Template
+
 LIVE_MIC_ID = "asr-live-mic"
 RETRY_AFTER_MS = 2000      # the recorder's modules have had time to load (seconds on a loaded machine)
 MAX_RETRIES = 10
 CLICK_WINDOW_MS = 5000     # a failure this soon after a Record click is that click's
 GIVE_UP_AFTER_MS = 10000   # Record not back this long after Stop: leave the page to the person
 
-_SCRIPT = """<script>
+_SCRIPT = Template("""<script>
 (() => {
-  const mic = '#LIVE_MIC_ID';
+  const mic = '#$mic_id';
   let retries = 0, recordClickedAt = -Infinity, pending = null;
   const find = (selector) => document.querySelector(mic + ' ' + selector);
   // Gradio's two failures: its recorder class not loaded yet, or its WAV encoder not registered yet.
@@ -35,7 +37,7 @@ _SCRIPT = """<script>
     if (event.target.closest(mic + ' .record-button')) recordClickedAt = performance.now();
   }, true);
   window.addEventListener('unhandledrejection', (event) => {
-    if (performance.now() - recordClickedAt > CLICK_WINDOW_MS || retries >= MAX_RETRIES) return;
+    if (performance.now() - recordClickedAt > $click_window_ms || retries >= $max_retries) return;
     if (!recorderNotReady(event.reason)) return;
     retries += 1;
     recordClickedAt = -Infinity;
@@ -45,7 +47,7 @@ _SCRIPT = """<script>
     let stopped = false;
     pending = setInterval(() => {   // after a pause press Stop, then Record once Gradio shows it again
       const waited = performance.now() - failedAt;
-      if (waited < RETRY_AFTER_MS) return;
+      if (waited < $retry_after_ms) return;
       if (!stopped) {
         const stop = find('.stop-button') || find('.spinner-button') || find('.stop-button-paused');
         if (stop) stop.click();
@@ -54,12 +56,11 @@ _SCRIPT = """<script>
       }
       const record = find('.record-button');
       if (record) { cancel(); record.click(); }
-      else if (waited > RETRY_AFTER_MS + GIVE_UP_AFTER_MS) cancel();
+      else if (waited > $retry_after_ms + $give_up_after_ms) cancel();
     }, 100);
   });
 })();
-</script>"""
+</script>""")
 
-RECORDER_RETRY_HEAD = (_SCRIPT.replace("LIVE_MIC_ID", LIVE_MIC_ID)
-                       .replace("CLICK_WINDOW_MS", str(CLICK_WINDOW_MS)).replace("MAX_RETRIES", str(MAX_RETRIES))
-                       .replace("RETRY_AFTER_MS", str(RETRY_AFTER_MS)).replace("GIVE_UP_AFTER_MS", str(GIVE_UP_AFTER_MS)))
+RECORDER_RETRY_HEAD = _SCRIPT.substitute(mic_id=LIVE_MIC_ID, click_window_ms=CLICK_WINDOW_MS, max_retries=MAX_RETRIES,
+                                        retry_after_ms=RETRY_AFTER_MS, give_up_after_ms=GIVE_UP_AFTER_MS)
