@@ -197,8 +197,7 @@ def test_int8_packing_keeps_widths_the_kernel_misreads_in_bf16():
     weight, x = torch.randn(8, 24, generator=generator), torch.randn(1, 24, generator=generator)
     packed = pack(weight, torch.int8)
     assert not isinstance(packed, Int8Weight) and packed.dtype == torch.bfloat16
-    for _ in range(50):
-        assert torch.allclose(linear(x, packed), x @ weight.T, rtol=0.05, atol=0.05)
+    assert torch.allclose(linear(x, packed), x @ weight.T, rtol=0.05, atol=0.05)
     with pytest.raises(ValueError, match="multiple of 16"):
         quantize_int8(weight)
 
