@@ -12,6 +12,7 @@ from pathlib import Path
 from asr_app.decoding.options import (
     DEFAULT_DRAFT_VOCAB,
     DRAFT_MATMUL_DTYPES,
+    ENCODER_MATMUL_DTYPES,
     MODES,
     DecodingOptions,
     RuntimeOptions,
@@ -140,6 +141,11 @@ def add_model_args(parser: argparse.ArgumentParser, no_fallback: str | None = No
                        help=f"on a CPU, the draft's matrices: {', '.join(DRAFT_MATMUL_DTYPES)} (default "
                             f"{RuntimeOptions.draft_matmul_dtype}, where the CPU supports it). Changes speed and "
                             "acceptance, never the output")
+    group.add_argument("--encoder-matmul-dtype", choices=ENCODER_MATMUL_DTYPES,
+                       default=RuntimeOptions.encoder_matmul_dtype,
+                       help="on a CPU, the encoder's products: same (fp32, the default) or bfloat16 (where the CPU "
+                            "multiplies bf16 natively: a faster encoder; changes the output to bf16 rounding, "
+                            "docs/runtime.md)")
     group.add_argument("--no-cuda-graphs", action="store_true",
                        help="on a GPU, launch every decoding step eagerly instead of replaying CUDA graphs")
     group.add_argument("--fused-layers", action=argparse.BooleanOptionalAction, default=None,
@@ -264,6 +270,8 @@ def decoder_from_args(args: argparse.Namespace):
         options = options_from_args(args, mode="off", language=options.language)
     runtime = RuntimeOptions(draft_vocab=getattr(args, "draft_vocab", DEFAULT_DRAFT_VOCAB) or None,
                              draft_matmul_dtype=getattr(args, "draft_matmul_dtype", RuntimeOptions.draft_matmul_dtype),
+                             encoder_matmul_dtype=getattr(args, "encoder_matmul_dtype",
+                                                          RuntimeOptions.encoder_matmul_dtype),
                              cuda_graphs="off" if getattr(args, "no_cuda_graphs", False) else "auto",
                              packed_weights=not getattr(args, "no_weight_packing", False),
                              fused_layers=getattr(args, "fused_layers", None),

@@ -237,3 +237,24 @@ def test_identity_probe_finds_no_difference_in_fp32_on_the_cpu(tmp_path, monkeyp
     assert len(texts) == 1 and all(list(counts.values()) == [2] for counts in repeated.values())
     assert "And so my fellow Americans" in texts.pop()
     assert "exact gamma 2: 2x" in out.with_suffix(".md").read_text()
+
+
+def test_encoder_dtype_bench_reports_speed_words_and_identity(tmp_path, monkeypatch, one_torch_thread):
+    import torch
+
+    from asr_app.runtime.ops import onednn_packing_works
+    if not onednn_packing_works(torch.bfloat16):
+        pytest.skip("this CPU has no oneDNN bf16 products: the bench refuses to compare fp32 with fp32")
+    from conftest import AUDIO_DIR, MODELS_DIR
+
+    bench = import_bench(monkeypatch, "encoder_dtype_bench.py")
+    out = tmp_path / "encoder_dtype_bench.json"
+    assert bench.main(["--models", str(MODELS_DIR), "--audio", str(AUDIO_DIR), "--max-clips", "2", "--repeats", "1",
+                       "--threads", "1", "--whole-bf16", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["clips"] == 2 and report["meta"]["command"]
+    assert all(report["encoder_ms"][b][s] > 0 for b in ("1", "4") for s in ("same", "bfloat16"))
+    assert report["ratio"] == pytest.approx(report["seconds"]["bfloat16"] / report["seconds"]["same"])
+    assert report["words"]["clips_with_transcripts"] == 2 and report["words"]["wer_same"] is not None
+    assert report["exact_equals_off"] is True and report["whole_bf16"]["seconds"] > 0
+    assert "| bf16 |" in out.with_suffix(".md").read_text()

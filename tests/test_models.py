@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import subprocess
 import sys
@@ -229,3 +230,16 @@ def test_bundled_draft_joins_tiny_en_and_refuses_other_targets(tiny_en_pair, tmp
     assert load_pair(target=str(other), device="cpu").draft is None  # "auto" for an unknown target: none
     pair = load_pair(target=str(TINY_EN_DIR), draft="bundled", device="cpu")
     assert pair.draft_name == "bundled distil-tiny.en draft" and pair.shared_encoder
+
+
+def test_a_half_precision_model_on_a_cpu_is_told_it_is_slower_and_what_to_use(caplog):
+    from asr_app.models import load_pair
+
+    with caplog.at_level(logging.WARNING, logger="asr_app.models.loading"):
+        pair = load_pair(target=str(TINY_EN_DIR), draft="none", device="cpu", dtype="bfloat16")
+    assert pair.dtype == torch.bfloat16
+    assert "slower than float32" in caplog.text and "--encoder-matmul-dtype bfloat16" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="asr_app.models.loading"):
+        load_pair(target=str(TINY_EN_DIR), draft="none", device="cpu", dtype="float32")
+    assert "slower than float32" not in caplog.text

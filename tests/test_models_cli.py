@@ -41,6 +41,8 @@ def test_decoder_from_args_builds_the_pair_and_options():
     heuristic = decoder_from_args(parse("--target", str(TINY_EN_DIR), "--draft", "derived", "--gamma", "heuristic"))
     assert (heuristic.options.gamma, heuristic.options.gamma_policy) == (None, "heuristic")
     assert heuristic.runtime == RuntimeOptions()
+    low = decoder_from_args(parse("--target", str(TINY_EN_DIR), "--draft", "none", "--encoder-matmul-dtype", "bfloat16"))
+    assert low.runtime == RuntimeOptions(encoder_matmul_dtype="bfloat16")
     assert decoder.pair.draft is not None and decoder.pair.shared_encoder
     # no draft: speculative modes fall back to target-only decoding
     assert decoder_from_args(parse("--target", str(TINY_EN_DIR), "--draft", "none")).options.mode == "off"

@@ -277,6 +277,69 @@ def test_encoder_runtime_matches_transformers(tiny_en_pair):
             EncoderRuntime.from_model(tiny_en_pair.target)(bad)
 
 
+needs_bf16 = pytest.mark.skipif(not onednn_packing_works(torch.bfloat16), reason="this CPU has no oneDNN bf16 matmul")
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).norm() / want.norm())
+
+
+@needs_bf16
+def test_bf16_attention_products_round_to_bf16_and_keep_fp32_out():
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 300, 64, generator=generator) * 0.3 for _ in range(3))
+    reference = full_attention(q, k, v)
+    low = full_attention(q, k, v, product_dtype=torch.bfloat16)
+    assert low.dtype == torch.float32 and low.shape == reference.shape
+    # bf16 keeps 8 bits of mantissa: an error of that order, not fp32's, and not a wrong head's.
+    assert 1e-4 < _relative_error(low, reference) < 2e-2
+
+
+@needs_bf16
+@torch.inference_mode()
+def test_a_bf16_encoder_packs_its_products_in_bf16_and_stays_within_its_rounding(tiny_en_pair):
+    from conftest import JFK_FLAC
+
+    feats = tiny_en_pair.processor.feature_extractor([load_clip(JFK_FLAC)], sampling_rate=16_000,
+                                                     return_tensors="pt").input_features
+    full = EncoderRuntime.from_model(tiny_en_pair.target)
+    low = EncoderRuntime.from_model(tiny_en_pair.target, matmul_dtype=torch.bfloat16)
+    layer = low.weights.layers[0]
+    assert layer.qkv_weight.dtype == layer.fc1[0].dtype == layer.fc2[0].dtype == torch.bfloat16
+    assert low.weights.product_dtype == torch.bfloat16 and full.weights.product_dtype is None
+    reference, got = full(feats), low(feats)
+    assert got.dtype == torch.float32
+    assert 1e-4 < _relative_error(got, reference) < 3e-2
+
+
+@torch.inference_mode()
+def test_a_bf16_encoder_on_a_cpu_without_bf16_runs_in_fp32(tiny_en_pair, monkeypatch):
+    from asr_app.runtime import ops
+
+    monkeypatch.setattr(ops, "onednn_packing_works", lambda dtype=torch.float32: dtype == torch.float32)
+    feats = torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(4))
+    low = EncoderRuntime.from_model(tiny_en_pair.target, matmul_dtype=torch.bfloat16)
+    assert low.weights.layers[0].qkv_weight.dtype == torch.float32 and low.weights.product_dtype is None
+    assert torch.equal(low(feats), EncoderRuntime.from_model(tiny_en_pair.target)(feats))
+
+
+@needs_bf16
+def test_a_bf16_encoder_decodes_the_same_text_in_every_mode(tiny_en_pair):
+    from conftest import JFK_FLAC
+
+    clip = load_clip(JFK_FLAC)
+    full = SpeculativeDecoder(tiny_en_pair, DecodingOptions(mode="off"))
+    low = SpeculativeDecoder(tiny_en_pair, DecodingOptions(mode="off"), RuntimeOptions(encoder_matmul_dtype="bfloat16"))
+    assert low.target_encoder.weights.product_dtype == torch.bfloat16
+    assert full.target_encoder.weights.product_dtype is None
+    want = full.decode(clip)[0]
+    off = low.decode(clip)[0]
+    assert off.tokens == low.decode(clip, DecodingOptions(mode="exact"))[0].tokens
+    assert off.text == want.text   # bf16 rounding of the encoder does not change a clear clip's words
+    with pytest.raises(ValueError, match="encoder_matmul_dtype must be one of same, bfloat16"):
+        RuntimeOptions(encoder_matmul_dtype="int8")
+
+
 @torch.inference_mode()
 def test_static_span_with_mask_equals_eager_span(tiny_en_pair, real_encoded):
     # A captured step attends over the whole cache with a mask; eagerly only over the slots in use.

@@ -91,7 +91,8 @@ class SpeculativeDecoder:
         if runtime.keep_freed_memory:
             keep_freed_memory()
         packed = runtime.packed_weights
-        self.target_encoder = EncoderRuntime.from_model(self.target, packed)
+        encoder_dtype = torch.bfloat16 if runtime.encoder_matmul_dtype == "bfloat16" else None
+        self.target_encoder = EncoderRuntime.from_model(self.target, packed, encoder_dtype)
         self.target_runtime = DecoderRuntime.from_model(self.target, packed=packed,
                                                         fused_layers=runtime.use_fused_layers(pair.device),
                                                         fused_max_rows=runtime.fused_max_rows())
@@ -102,7 +103,7 @@ class SpeculativeDecoder:
                         if runtime.draft_vocab else None)
             self.draft_runtime = draft_runtime(self.draft, head_ids, runtime)
             if not pair.shared_encoder:
-                self.draft_encoder = EncoderRuntime.from_model(self.draft, packed)
+                self.draft_encoder = EncoderRuntime.from_model(self.draft, packed, encoder_dtype)
         self._rules: dict[tuple, WhisperLogitRules] = {}
         self._workspaces = WorkspacePool(runtime.max_workspaces)
         self._step_costs: StepCosts | None = None

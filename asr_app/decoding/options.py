@@ -15,6 +15,7 @@ GammaSetting = Literal["cost", "heuristic"]
 # bench/peers_bench.py on a CPU, int8 draft matrices: the shortest decoding loop of 16384, 32768 and all ids
 DEFAULT_DRAFT_VOCAB = 32768
 DRAFT_MATMUL_DTYPES: tuple[str, ...] = ("bfloat16", "int8", "same")
+ENCODER_MATMUL_DTYPES: tuple[str, ...] = ("same", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,13 @@ class RuntimeOptions:
     # natively), or "same" (the draft's own dtype). Its activations, caches and attention stay in its dtype.
     # The draft's precision changes its acceptance and the speed, never the output (verification decides).
     draft_matmul_dtype: str = "int8"
+    # The encoders' products on a CPU in fp32: "same" (fp32), or "bfloat16" (weights packed in bf16, each
+    # product's inputs cast to bf16, where the CPU multiplies bf16 natively: AVX512-BF16 or AMX; elsewhere
+    # as "same"). The encoder over a whole window is most of a short clip's time on a CPU, and bf16 products
+    # halve its cost per multiply; norms, softmax, GELU and the decoders stay fp32. Unlike the draft's dtype,
+    # this changes the output, to bf16 rounding of the audio's features (docs/runtime.md, "bf16 encoder"):
+    # every mode sees the same encoder, so `exact` still equals `off`.
+    encoder_matmul_dtype: str = "same"
     # Where steps run eagerly, the draft cross-attends only to the window's audio plus this margin (seconds),
     # not to the padding that fills a short clip's window to 30 s: its cross K/V are computed for those
     # frames only, and each draft step reads fewer bytes. None: the whole window. The target always sees the
@@ -107,6 +115,9 @@ class RuntimeOptions:
         if self.draft_matmul_dtype not in DRAFT_MATMUL_DTYPES:
             raise ValueError(f"draft_matmul_dtype must be one of {', '.join(DRAFT_MATMUL_DTYPES)}, "
                              f"got {self.draft_matmul_dtype!r}")
+        if self.encoder_matmul_dtype not in ENCODER_MATMUL_DTYPES:
+            raise ValueError(f"encoder_matmul_dtype must be one of {', '.join(ENCODER_MATMUL_DTYPES)}, "
+                             f"got {self.encoder_matmul_dtype!r}")
         if self.draft_audio_margin_s is not None and not self.draft_audio_margin_s >= 0:
             raise ValueError(f"draft_audio_margin_s must be >= 0 seconds or None, got {self.draft_audio_margin_s}")
         if self.max_graphs < 1:

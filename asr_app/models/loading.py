@@ -276,6 +276,11 @@ def load_pair(
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     draft_dt = resolve_draft_dtype(draft_dtype, dev, dt)
+    if dev.type == "cpu" and dt != torch.float32:
+        # The CPU runtime's fast paths (packed products, oneDNN attention) are fp32 ones (docs/runtime.md).
+        log.warning("a %s model on a CPU runs outside the runtime's packed fp32 paths and is slower than float32; "
+                    "for a faster encoder keep float32 and pass --encoder-matmul-dtype bfloat16",
+                    str(dt).removeprefix("torch."))
     target_name, draft_spec = _names(pair, target, draft, dev)
     fallback = packaged_fallback(target_name)
     if fallback is not None:

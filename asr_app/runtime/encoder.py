@@ -42,6 +42,9 @@ class EncoderWeights:
     heads: int
     eps: float
     query_scale: float              # 1.0 when the query weights are pre-scaled; else applied per layer
+    # The dtype of the attention's products where the projections run in it (RuntimeOptions.encoder_matmul_dtype);
+    # None: the activations' own.
+    product_dtype: torch.dtype | None = None
 
     @property
     def onednn(self) -> bool:
@@ -49,14 +52,14 @@ class EncoderWeights:
         return bool(self.layers) and self.layers[0].qkv_weight.is_mkldnn
 
 
-def _layer(layer, scale: float, packed: bool) -> EncoderLayerWeights:
+def _layer(layer, scale: float, packed: bool, matmul_dtype: torch.dtype | None) -> EncoderLayerWeights:
     def projection(module) -> tuple[torch.Tensor, torch.Tensor]:
-        return packed_pair(module_pair(module)) if packed else module_pair(module)
+        return packed_pair(module_pair(module), matmul_dtype) if packed else module_pair(module)
 
     qkv_weight, qkv_bias = fused_qkv(layer.self_attn, scale)
     return EncoderLayerWeights(
         attn_norm=module_pair(layer.self_attn_layer_norm),
-        qkv_weight=pack(qkv_weight) if packed else qkv_weight,
+        qkv_weight=pack(qkv_weight, matmul_dtype) if packed else qkv_weight,
         qkv_bias=qkv_bias,
         attn_out=projection(layer.self_attn.out_proj),
         mlp_norm=module_pair(layer.final_layer_norm),
@@ -65,8 +68,10 @@ def _layer(layer, scale: float, packed: bool) -> EncoderLayerWeights:
     )
 
 
-def encoder_weights(model, packed: bool = True) -> EncoderWeights:
-    """The encoder weights of a Whisper model that has one (target, or a draft with its own encoder)."""
+def encoder_weights(model, packed: bool = True, matmul_dtype: torch.dtype | None = None) -> EncoderWeights:
+    """The encoder weights of a Whisper model that has one (target, or a draft with its own encoder).
+    `matmul_dtype=torch.bfloat16`: the packed projections in bf16 and the attention's products too, where the
+    CPU multiplies bf16 natively (`ops.pack`; elsewhere as without it). Changes the output to bf16 rounding."""
     config = model.config
     if getattr(config, "activation_function", "gelu") != "gelu":
         raise ValueError(f"unsupported encoder activation {config.activation_function!r} (Whisper uses gelu)")
@@ -74,12 +79,13 @@ def encoder_weights(model, packed: bool = True) -> EncoderWeights:
     heads = config.encoder_attention_heads
     folded, per_step = query_scales(config.d_model, heads)
     with torch.no_grad():
-        layers = tuple(_layer(layer, folded, packed) for layer in encoder.layers)
+        layers = tuple(_layer(layer, folded, packed, matmul_dtype) for layer in encoder.layers)
+    low = packed and bool(layers) and layers[0].qkv_weight.is_mkldnn and layers[0].qkv_weight.dtype == torch.bfloat16
     return EncoderWeights(
         conv1=module_pair(encoder.conv1), conv2=module_pair(encoder.conv2),
         positions=encoder.embed_positions.weight.detach(),
         layers=layers, final_norm=module_pair(encoder.layer_norm), heads=heads, eps=encoder.layer_norm.eps,
-        query_scale=per_step,
+        query_scale=per_step, product_dtype=torch.bfloat16 if low else None,
     )
 
 
@@ -90,8 +96,8 @@ class EncoderRuntime:
         self.weights = weights
 
     @classmethod
-    def from_model(cls, model, packed: bool = True) -> EncoderRuntime:
-        return cls(encoder_weights(model, packed))
+    def from_model(cls, model, packed: bool = True, matmul_dtype: torch.dtype | None = None) -> EncoderRuntime:
+        return cls(encoder_weights(model, packed, matmul_dtype))
 
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
         w = self.weights
@@ -116,6 +122,6 @@ class EncoderRuntime:
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, frames, hd]
         if w.query_scale != 1.0:
             q = q * w.query_scale
-        x = x + linear(full_attention(q, k, v, onednn=w.onednn), *layer.attn_out)
+        x = x + linear(full_attention(q, k, v, onednn=w.onednn, product_dtype=w.product_dtype), *layer.attn_out)
         h = layer_norm(x, layer.mlp_norm, w.eps)
         return x + linear(linear(h, *layer.fc1, activation="gelu"), *layer.fc2)

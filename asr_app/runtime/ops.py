@@ -187,25 +187,31 @@ def _dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, onednn: bool = True) -> torch.Tensor:
+def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, onednn: bool = True,
+                   product_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Unmasked attention, queries pre-scaled: q, k, v [B, H, L, hd] -> [B, L, H*hd] (the encoder's).
 
     With `onednn` on a CPU in fp32 (where `onednn_packing_works`), each head runs as two oneDNN products
     around a softmax: PyTorch's fused CPU attention multiplies its blocks with MKL, which keeps to AVX2
     on AMD CPUs (docs/runtime.md). The head's full score matrix is materialised (L x L floats, one head at
     a time, so memory stays bounded by the window). Elsewhere, and with `onednn=False`, PyTorch's SDPA.
-    Same products, summed in another order: values agree to float rounding (tested)."""
+    Same products, summed in another order: values agree to float rounding (tested).
+
+    `product_dtype=torch.bfloat16` (on that oneDNN path, where the CPU multiplies bf16): both products take
+    bf16 inputs; the scores' softmax and the output stay fp32 (`RuntimeOptions.encoder_matmul_dtype`)."""
     if not (onednn and q.device.type == "cpu" and q.dtype == torch.float32 and onednn_packing_works()):
         return merge_heads(F.scaled_dot_product_attention(q, k, v, scale=1.0))
+    low = product_dtype == torch.bfloat16 and onednn_packing_works(torch.bfloat16)
     batch, heads, length, head_dim = q.shape
-    q, k = q.contiguous(), k.contiguous()
-    v_t = v.transpose(-1, -2).contiguous()  # [B, H, hd, L]: the second product's "weight" is V^T
+    cast = (lambda t: t.to(torch.bfloat16)) if low else (lambda t: t)
+    q, k = cast(q).contiguous(), cast(k).contiguous()
+    v_t = cast(v.transpose(-1, -2)).contiguous()  # [B, H, hd, L]: the second product's "weight" is V^T
     product = torch.ops.mkldnn._linear_pointwise
-    out = q.new_empty(batch, length, heads, head_dim)
+    out = v.new_empty(batch, length, heads, head_dim)
     for b in range(batch):
         for h in range(heads):
-            probs = torch.softmax(product(q[b, h], k[b, h], None, "none", [], ""), dim=-1)
-            out[b, :, h] = product(probs, v_t[b, h], None, "none", [], "")
+            probs = torch.softmax(product(q[b, h], k[b, h], None, "none", [], "").float(), dim=-1)
+            out[b, :, h] = product(cast(probs), v_t[b, h], None, "none", [], "")
     return out.view(batch, length, heads * head_dim)
 
 
