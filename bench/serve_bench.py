@@ -326,8 +326,9 @@ def text_differences(paths: list[Path], offline: list[str], rounds_texts: list[l
 
 def streams_table(report: dict) -> str:
     """Final-word latency of N live streams per engine (p50 / p90 / worst, seconds), WER, and the API row."""
+    bf16 = report.get("encoder_matmul_dtype") == "bfloat16"
     if "streams" not in report:  # --streams 0: the API only
-        return api_line(report["api"])
+        return ("Encoder products in bf16 (`--encoder-matmul-dtype bfloat16`). " if bf16 else "") + api_line(report["api"])
     streams = report["streams"]
     engines = [e for e in ENGINES if e in streams]
     counts = sorted({int(n) for e in engines for n in streams[e]["streams"]})
@@ -340,7 +341,8 @@ def streams_table(report: dict) -> str:
     offline = (" worst WER - whole clip |", "---|") if "offline_wer" in streams else ("", "")
     lines = [f"tiny.en + distilled draft, `exact`, {report['threads']} threads, {clips} real clips{repeated} "
              f"({sum(streams['clips_s']):.0f} s) streamed at real-time pace over the WebSocket; encoder context "
-             f"{streams['context_s']:g} s for `scheduler+context`; {where}",
+             f"{streams['context_s']:g} s for `scheduler+context`; {where}"
+             + ("; encoder products in bf16 (`--encoder-matmul-dtype bfloat16`)" if bf16 else ""),
              "",
              "| engine | N | p50 s | p90 s | worst s | mean WER | worst WER - alone |" + offline[0],
              "|---|---|---|---|---|---|---|" + offline[1]]
@@ -394,22 +396,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="clips with transcripts (default the shared audio; tests/data/audio travels to a GPU)")
     parser.add_argument("--cycle-clips", action="store_true", help="repeat the clips up to the largest N")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--encoder-matmul-dtype", default="same", choices=("same", "bfloat16"),
+                        help="RuntimeOptions.encoder_matmul_dtype of the decoder every engine shares")
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/<device>/<date>/serve_bench.json)")
     args = parser.parse_args(argv)
     import torch
 
-    from asr_app.decoding import DecodingOptions, SpeculativeDecoder
+    from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
     from asr_app.models import load_pair
     from asr_app.streaming import StreamingOptions
     torch.set_num_threads(args.threads)
     models = args.models
     pair = load_pair(target=str(models / "whisper-tiny.en"), draft=str(models / "distil-tiny.en-draft"),
                      device=args.device)
-    decoder = SpeculativeDecoder(pair, DecodingOptions(mode="exact"))
+    decoder = SpeculativeDecoder(pair, DecodingOptions(mode="exact"),
+                                 RuntimeOptions(encoder_matmul_dtype=args.encoder_matmul_dtype))
     counts = [int(n) for n in args.streams.split(",") if int(n)]  # --streams 0: the API only
     from report_io import device_name, result_path, save_results
     report = {"command": " ".join(["python", "bench/serve_bench.py", *(argv or sys.argv[1:])]),
               "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "cpu": _cpu(),
+              "encoder_matmul_dtype": args.encoder_matmul_dtype,
               "device": device_name(args.device) if args.device.startswith("cuda") else "cpu"}
     if counts:
         report["streams"] = bench_streams(decoder, StreamingOptions(), counts, args.engines.split(","),
