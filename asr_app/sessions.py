@@ -99,8 +99,8 @@ class LiveSession:
         with self.lock:
             self.chunks += 1
             self.last_activity = time.monotonic()
-            if self.message.startswith("Skipped a microphone chunk"):
-                self.message = ""   # that problem is over: this chunk was fine
+            if self.message.startswith(("Skipped a microphone chunk", "This recording sent no audio")):
+                self.message = ""   # that problem is over: this chunk was fine and has its place
             if not audio.size:
                 return
             self._pending.append((time.monotonic(), audio))
@@ -255,12 +255,24 @@ class SessionRegistry:
 
     def open(self, session: LiveSession) -> LiveSession:
         with self._lock:
-            now = time.monotonic()
-            self._sessions = {k: s for k, s in self._sessions.items() if self._active(s, now)}
-            if len(self._sessions) >= self.max_sessions:
-                raise SessionsFull(f"all {self.max_sessions} live sessions are in use; try again in a minute")
-            self._sessions[session.session_id] = session
+            self._admit(session)
         return session
+
+    def keep(self, session: LiveSession) -> None:
+        """Audio arrived for `session`: it holds its place. One that lost its place while idle takes one
+        again if there is room, else SessionsFull: an idle client never decodes beyond `max_sessions`."""
+        with self._lock:
+            if session.session_id not in self._sessions:
+                self._admit(session)
+
+    def _admit(self, session: LiveSession) -> None:
+        """Called under the lock: forget finished and idle sessions, then add `session` or refuse it."""
+        now = time.monotonic()
+        self._sessions = {k: s for k, s in self._sessions.items() if self._active(s, now)}
+        if len(self._sessions) >= self.max_sessions:
+            raise SessionsFull(f"all {self.max_sessions} live sessions are in use; try again in a minute")
+        session.last_activity = now
+        self._sessions[session.session_id] = session
 
     def close(self, session: LiveSession) -> None:
         with self._lock:

@@ -100,6 +100,9 @@ def test_models_and_every_response_format(service):
     api = client(url)
     ids = [m.id for m in api.models.list().data]
     assert ids == ["whisper-tiny.en+draft", "whisper-1"]
+    assert [api.models.retrieve(i).id for i in ids] == ids   # what the openai package's retrieve() asks
+    with pytest.raises(openai.NotFoundError, match="'gpt-9' is not served here"):
+        api.models.retrieve("gpt-9")
     with open(JFK_FLAC, "rb") as f:
         text = api.audio.transcriptions.create(model=ids[0], file=f).text
     assert word_error_rate(JFK_TEXT, text) < 0.1, text
@@ -129,7 +132,7 @@ def test_streamed_transcription_arrives_as_events(service):
     kinds = [e.type for e in events]
     assert kinds[-1] == "transcript.text.done" and "transcript.text.delta" in kinds
     deltas = "".join(e.delta for e in events if e.type == "transcript.text.delta")
-    assert deltas.strip() == events[-1].text and word_error_rate(JFK_TEXT, events[-1].text) < 0.1
+    assert deltas == events[-1].text and word_error_rate(JFK_TEXT, events[-1].text) < 0.1
 
 
 def test_concurrent_requests_share_batches_and_match_one_at_a_time(service):
@@ -184,6 +187,60 @@ def test_bad_uploads_get_a_clear_4xx_and_the_server_goes_on(service, name, body,
     assert str(folder) not in message and "/tmp" not in message   # no server paths
     assert healthy(url)
     assert not list(folder.glob("asr_serve_*")), "an upload's temporary folder was left behind"
+
+
+def test_an_upload_without_the_key_is_refused_before_its_body_is_read(service):
+    """401 at once for a request that declares 2 MB and sends none of it (had the server waited for the body,
+    this would time out), and a key error, not a form error, for a form without its file."""
+    import http.client
+
+    url, _, _ = service
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=20)
+    connection.putrequest("POST", "/v1/audio/transcriptions")
+    connection.putheader("Content-Type", "multipart/form-data; boundary=x")
+    connection.putheader("Content-Length", str(2_000_000))
+    connection.endheaders()
+    answer = connection.getresponse()
+    assert answer.status == 401 and "API key" in json.loads(answer.read())["error"]["message"]
+    connection.close()
+    with pytest.raises(openai.AuthenticationError):
+        client(url, "wrong-key-000").audio.transcriptions.create(model="whisper-1", file=("a.wav", b""))
+    assert healthy(url)
+
+
+def test_a_chunked_upload_past_the_bound_is_told_the_bound(service):
+    """An upload sent without a Content-Length (chunked) is counted as it arrives: past --max-upload-mb (3)
+    plus the form's room it is a 413 naming the bound, not a parse error."""
+    import httpx
+
+    url, folder, _ = service
+    boundary = "asrbound"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.wav\"\r\n"
+            "Content-Type: audio/wav\r\n\r\n").encode()
+
+    def body():   # 5 MB of a WAV's worth of zeros, chunk by chunk
+        yield head + wav_bytes(np.zeros(16_000, np.int16), 16_000)
+        for _ in range(80):
+            yield bytes(64_000)
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    answer = httpx.post(url + "/v1/audio/transcriptions", content=body(), timeout=60,
+                        headers={"Authorization": f"Bearer {KEY}",
+                                 "Content-Type": f"multipart/form-data; boundary={boundary}"})
+    assert answer.status_code == 413, answer.text
+    assert answer.json()["error"]["message"] == "the upload is larger than the 3 MB that is accepted"
+    assert healthy(url) and not list(folder.glob("asr_serve_*"))
+
+
+@pytest.mark.parametrize("name", ["x" * 300 + ".wav", "ü" * 130 + ".flac", "..", "a/../../b.flac", "noext"])
+def test_an_uploads_own_name_never_stops_its_transcription(service, name):
+    """The server spools an upload under a name of its own: a client's name the file system would refuse
+    (too long, '..', a path) transcribes like any other."""
+    url, _, _ = service
+    text = client(url).audio.transcriptions.create(model="whisper-1", file=(name, LJ_LIVE.read_bytes())).text
+    assert word_error_rate(LJ_LIVE_TEXT, text) < 0.15, text
 
 
 def test_wrong_key_unknown_model_and_bad_options_are_refused(service):
@@ -319,6 +376,16 @@ def test_asr_stream_sends_a_file_to_the_server(service):
     wrong = subprocess.run([sys.executable, "-m", "asr_app.cli.stream", "--server", url, "--api-key", "nope-nope-1",
                             "--simulate", str(LJ_LIVE), "--fast"], capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "API key" in wrong.stderr
+    # the base URL OpenAI clients are given works too; an address without the endpoint is one line, no traceback
+    v1 = subprocess.run([sys.executable, "-m", "asr_app.cli.stream", "--server", url + "/v1", "--api-key", KEY,
+                         "--simulate", str(LJ_LIVE), "--fast"], capture_output=True, text=True, timeout=300,
+                        cwd=REPO_ROOT)
+    assert v1.returncode == 0 and word_error_rate(LJ_LIVE_TEXT, v1.stdout) < 0.15, v1.stderr
+    elsewhere = subprocess.run([sys.executable, "-m", "asr_app.cli.stream", "--server", url + "/elsewhere",
+                                "--api-key", KEY, "--simulate", str(LJ_LIVE), "--fast"], capture_output=True,
+                               text=True, timeout=60)
+    assert elsewhere.returncode == 2 and "Traceback" not in elsewhere.stderr, elsewhere.stderr
+    assert "answered HTTP 403 where the live WebSocket should be (/elsewhere/v1/live)" in elsewhere.stderr
 
 
 def test_launch_options_reach_the_limits_and_cors_is_off_unless_asked(service):
@@ -419,6 +486,43 @@ def test_unknown_api_paths_get_the_api_answer_with_the_web_app_mounted(tiny_en_p
     assert socket_path.status_code == 400 and "WebSocket" in socket_path.json()["error"]["message"]
     assert page.status_code == 200 and "gradio" in page.text.lower()   # the web app still answers its own
     assert "recorder was not ready" in page.text   # with the page script that mends Gradio's Record race
+
+
+def test_a_live_session_that_lost_its_place_while_idle_cannot_decode_past_max_sessions(tiny_en_pair):
+    """--max-sessions 1: a WebSocket session quiet for longer than the idle bound loses its place to a new one;
+    its next frame is then refused (an error event and its text so far), not decoded uncounted beside it."""
+    from asr_app.audio import load_audio
+    from asr_app.limits import ServiceLimits
+    from asr_app.sessions import SessionRegistry
+    from asr_app.ui.engine import UiEngine
+
+    engine = UiEngine(pair=tiny_en_pair, limits=ServiceLimits(max_sessions=1), sessions=SessionRegistry(1, 0.3))
+    pcm = (np.clip(load_audio(str(LJ_LIVE))[:16_000], -1, 1) * 32767).astype("<i2").tobytes()
+
+    async def quiet_then_crowded(port: int) -> tuple[list[dict], str]:
+        uri = f"ws://127.0.0.1:{port}/v1/live?sample_rate=16000"
+        async with connect(uri) as quiet:
+            assert json.loads(await quiet.recv())["kind"] == "ready"
+            await quiet.send(pcm)
+            await asyncio.sleep(0.6)   # past the idle bound
+            async with connect(uri) as other:
+                second = json.loads(await other.recv())["kind"]
+                await quiet.send(pcm)
+                events = []
+                async for message in quiet:
+                    events.append(json.loads(message))
+                await other.send(json.dumps({"type": "stop"}))
+                async for _ in other:
+                    pass
+                return events, second
+
+    with in_process_server(engine) as port:
+        # bounded: a session that kept decoding past the bound would otherwise wait for its stop forever
+        events, second = asyncio.run(asyncio.wait_for(quiet_then_crowded(port), 120))
+    assert second == "ready"
+    errors = [e["message"] for e in events if e["kind"] == "error"]
+    assert any("lost its place" in m and "live sessions are in use" in m for m in errors), events
+    assert events[-1]["kind"] == "done"
 
 
 def test_a_request_past_the_timeout_is_told_the_service_is_busy(tiny_en_pair):

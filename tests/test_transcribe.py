@@ -399,6 +399,27 @@ def test_cli_fallback_switch(capsys, reuse_decoder, monkeypatch, flag):
     assert seen[0].temperature_fallback == (() if flag else (0.2, 0.4, 0.6, 0.8, 1.0))
 
 
+def test_cli_files_that_share_a_name_are_all_transcribed_under_their_full_names(tmp_path, capsys, reuse_decoder):
+    """a.wav beside a.flac: both are transcribed, into a.wav.txt and a.flac.txt (one used to be skipped, even
+    when printing to the terminal); a file listed twice is decoded once; other names are left as they were."""
+    import soundfile as sf
+
+    folder = tmp_path / "same"
+    folder.mkdir()
+    audio, rate = sf.read(str(lj_clip("LJ001-0002")))
+    sf.write(str(folder / "a.wav"), audio, rate)
+    sf.write(str(folder / "a.flac"), audio, rate)
+    (folder / "b.wav").symlink_to(lj_clip("LJ001-0008"))
+    out = tmp_path / "out"
+    status = cli.main([str(folder), str(folder / "b.wav"), "-o", str(out), "--quiet", *MODEL_ARGS])
+    err = capsys.readouterr().err
+    assert status == 0 and "3 transcribed, 0 failed" in err and "skipped" not in err
+    assert sorted(p.name for p in out.iterdir()) == ["a.flac.txt", "a.wav.txt", "b.txt"]
+    assert (out / "a.wav.txt").read_text() == (out / "a.flac.txt").read_text() != ""
+    assert cli.main([str(folder / "a.wav"), str(folder / "a.flac"), "--quiet", *MODEL_ARGS]) == 0
+    assert "2 transcribed, 0 failed" in capsys.readouterr().err
+
+
 def test_cli_non_recursive_ignores_nested_and_reports_missing(tmp_path, capsys, reuse_decoder):
     folder = tmp_path / "only_nested"
     (folder / "sub").mkdir(parents=True)

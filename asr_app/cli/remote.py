@@ -36,7 +36,8 @@ def live_url(options: RemoteOptions) -> str:
     if scheme not in ("ws", "wss") or not parts.netloc:
         raise RemoteError(f"--server takes http://host:port or ws://host:port, got {options.url!r}")
     path = parts.path.rstrip("/")
-    path = path if path.endswith("/v1/live") else f"{path}/v1/live"
+    if not path.endswith("/v1/live"):   # a base URL, with or without the /v1 OpenAI clients are given
+        path = f"{path}/live" if path.endswith("/v1") else f"{path}/v1/live"
     query = {"sample_rate": SAMPLE_RATE, "encoding": "f32", "temperature": options.temperature,
              "language": options.language, **({"mode": options.mode} if options.mode else {})}
     return urlunsplit((scheme, parts.netloc, path, urlencode(query), ""))
@@ -55,13 +56,17 @@ def stream_to_server(options: RemoteOptions, blocks: Iterable[np.ndarray],
                      on_events: Callable[[list[StreamEvent]], None]) -> dict:
     """Send 16 kHz float32 blocks, hand each event to `on_events`, stop when the blocks end (or on Ctrl-C);
     returns the server's `stats` frame."""
-    from websockets.exceptions import ConnectionClosed
+    from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
     from websockets.sync.client import connect
 
     headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else None
+    url = live_url(options)
     try:
-        ws = connect(live_url(options), additional_headers=headers, open_timeout=30)
-    except (OSError, ConnectionClosed, TimeoutError) as exc:
+        ws = connect(url, additional_headers=headers, open_timeout=30)
+    except InvalidStatus as exc:   # an HTTP answer instead of a WebSocket: not our live endpoint there
+        raise RemoteError(f"{options.url} answered HTTP {exc.response.status_code} where the live WebSocket "
+                          f"should be ({urlsplit(url).path}): is it an asr-serve's address?") from None
+    except (OSError, ConnectionClosed, TimeoutError, InvalidHandshake) as exc:
         raise RemoteError(f"cannot reach {options.url}: {exc}") from None
     with ws:
         first = json.loads(ws.recv())

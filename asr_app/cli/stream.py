@@ -63,8 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="only final text, one line per sentence or pause (the default when piped)")
     parser.add_argument("--stats", action="store_true", help="print latency/RTF statistics to stderr at the end")
     parser.add_argument("--server", metavar="URL", default=None,
-                        help="stream to a running asr-serve (http://host:port) instead of decoding here; --mode, "
-                             "--temperature and --language go to the server, which decides everything else")
+                        help="stream to a running asr-serve (http://host:port, or the same ending in /v1) instead of "
+                             "decoding here; --mode, --temperature and --language go to the server, which decides "
+                             "everything else")
     parser.add_argument("--api-key", default=os.environ.get("ASR_SERVE_API_KEY"),
                         help="with --server: the server's API key (default: $ASR_SERVE_API_KEY)")
     add_model_args(parser, no_fallback="asr-stream decodes the growing buffer again every step and commits "

@@ -10,6 +10,7 @@ Arguments are checked before anything heavy is imported: --help and a bad option
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import importlib.util
 import sys
@@ -88,10 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def collect_jobs(paths: list[str], recursive: bool) -> tuple[list[Job], list[str]]:
-    """Files as given; folders expanded to their audio files (mirrored under OUTDIR)."""
-    jobs: list[Job] = []
+    """Files as given; folders expanded to their audio files (mirrored under OUTDIR). Outputs are named by
+    the file's name without its extension; files that share that name (a.wav and a.flac) keep their
+    extension in it (a.wav.txt, a.flac.txt), so neither is skipped. A file listed twice is decoded once."""
     errors: list[str] = []
-    seen: dict[str, Path] = {}
+    candidates: list[tuple[Path, str]] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
@@ -100,18 +102,22 @@ def collect_jobs(paths: list[str], recursive: bool) -> tuple[list[Job], list[str
             found = sorted(p for p in path.glob(pattern) if is_audio_path(p) and (p.is_file() or p.is_symlink()))
             if not found:
                 errors.append(f"{path}: no audio files found" + ("" if recursive else " (try --recursive)"))
-            candidates = [(p, str(p.relative_to(path).with_suffix(""))) for p in found]
+            candidates += [(p, str(p.relative_to(path).with_suffix(""))) for p in found]
         elif path.exists():
-            candidates = [(path, path.stem)]
+            candidates.append((path, path.stem))
         else:
             errors.append(f"{path}: no such file or folder")
+    stems = collections.Counter(stem for _, stem in {(f.resolve(), stem) for f, stem in candidates})
+    jobs: list[Job] = []
+    seen: dict[str, Path] = {}
+    for file, stem in candidates:
+        name = stem if stems[stem] == 1 else stem + file.suffix
+        if name in seen:
+            if seen[name].resolve() != file.resolve():   # the same name in two folders given
+                errors.append(f"{file}: output name '{name}' already used by {seen[name]}; skipped")
             continue
-        for file, stem in candidates:
-            if stem in seen:
-                errors.append(f"{file}: output name '{stem}' already used by {seen[stem]}; skipped")
-                continue
-            seen[stem] = file
-            jobs.append(Job(file, stem))
+        seen[name] = file
+        jobs.append(Job(file, name))
     return jobs, errors
 
 
@@ -123,12 +129,17 @@ def decoding_summary(transcripts: list) -> str:
     tokens = sum(s.get("tokens_out") or 0 for s in stats)
     calls = sum(s.get("target_calls") or 0 for s in stats)
     first = transcripts[0]
-    target = Path(str(first.model.get("target")))
-    line = f"decoded with mode {first.mode}: {target.parent.name + '/' if target.is_dir() else ''}{target.name}"
+    line = f"decoded with mode {first.mode}: {short_model_name(first.model.get('target'))}"
     if first.model.get("draft") and drafted:
-        line += (f" + {first.model['draft']}; draft acceptance {100 * accepted / drafted:.0f}%, "
+        line += (f" + {short_model_name(first.model['draft'])}; draft acceptance {100 * accepted / drafted:.0f}%, "
                  f"{tokens / max(calls, 1):.2f} tokens per target call")
     return line
+
+
+def short_model_name(spec: object) -> str:
+    """A local model folder by its last two parts (models/whisper-tiny.en); a hub id or a name as it is."""
+    path = Path(str(spec))
+    return f"{path.parent.name}/{path.name}" if path.is_dir() else str(spec)
 
 
 def _duration(path: Path) -> float:

@@ -1,7 +1,7 @@
 """OpenAI-compatible transcription API: `POST /v1/audio/transcriptions`, `/v1/audio/translations`,
 `GET /v1/models` (the fields and answers of OpenAI's API reference; ours beyond it as extra form fields).
 
-An upload is spooled to a temporary file (its bytes bounded while it arrives, see `app.BodyLimit`), its
+An upload is spooled to a temporary file (its bytes bounded while it arrives, see `app.UploadGate`), its
 decoded duration checked from the header, then transcribed window by window through the scheduler like
 any other request (`longform.transcribe`), so it shares batches with live sessions and other uploads.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import shutil
 import tempfile
 import threading
@@ -69,12 +70,20 @@ def model_id(engine: UiEngine) -> str:
 def build_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
     router = APIRouter()
 
+    def model_entry(name: str) -> dict:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "asr-app"}
+
     @router.get("/v1/models")
     def list_models(request: Request) -> dict:
         require_key(access, request)
-        ids = [model_id(engine), *OPENAI_MODEL_ALIASES]
-        return {"object": "list", "data": [{"id": i, "object": "model", "created": 0, "owned_by": "asr-app"}
-                                           for i in ids]}
+        return {"object": "list", "data": [model_entry(i) for i in (model_id(engine), *OPENAI_MODEL_ALIASES)]}
+
+    @router.get("/v1/models/{name:path}")
+    def retrieve_model(request: Request, name: str) -> dict:
+        require_key(access, request)
+        if name not in (model_id(engine), *OPENAI_MODEL_ALIASES):
+            raise unknown_model(engine, name)
+        return model_entry(name)
 
     async def handle(task: str, request: Request, file: UploadFile, model: str, language: str | None,
                      prompt: str | None, response_format: str, temperature: float | None,
@@ -131,11 +140,15 @@ def build_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
     return router
 
 
+def unknown_model(engine: UiEngine, name: str) -> Refusal:
+    return Refusal(404, f"model {name!r} is not served here; GET /v1/models lists {model_id(engine)!r} (and "
+                        "'whisper-1')", "model_not_found")
+
+
 def check_request(engine: UiEngine, req: TranscriptionRequest) -> None:
     """Every cheap check, before the upload is read."""
     if req.model not in (model_id(engine), *OPENAI_MODEL_ALIASES):
-        raise Refusal(404, f"model {req.model!r} is not served here; GET /v1/models lists "
-                           f"{model_id(engine)!r} (and 'whisper-1')", "model_not_found")
+        raise unknown_model(engine, req.model)
     if req.response_format not in RESPONSE_FORMATS:
         raise Refusal(400, f"response_format {req.response_format!r} is not one of {', '.join(RESPONSE_FORMATS)}")
     bad = [g for g in req.granularities if g not in GRANULARITIES]
@@ -160,10 +173,17 @@ def decoding_options(engine: UiEngine, req: TranscriptionRequest):
                           word_timestamps="word" in req.granularities)
 
 
+def spool_name(filename: str | None) -> str:
+    """The name an upload is spooled under: "audio" plus the client's extension where it is a plain one (the
+    audio readers may go by it). Never the client's own name: too long, "..", a NUL or a slash would make
+    the file system refuse good audio."""
+    suffix = Path(filename or "").suffix
+    return "audio" + (suffix.lower() if re.fullmatch(r"\.[A-Za-z0-9]{1,10}", suffix) else "")
+
+
 async def spool(file: UploadFile, folder: Path, engine: UiEngine) -> Path:
     """The upload into `folder`, counting bytes as they come (refused past the limit, nothing kept)."""
-    name = Path(file.filename or "audio").name or "audio"
-    path, size = folder / name, 0
+    path, size = folder / spool_name(file.filename), 0
     with path.open("wb") as out:
         while chunk := await file.read(SPOOL_CHUNK):
             size += len(chunk)
@@ -204,8 +224,15 @@ async def stream_events(engine: UiEngine, req: TranscriptionRequest, path: Path,
     queue: asyncio.Queue = asyncio.Queue()
     cancelled = threading.Event()
 
+    started = False
+
     def on_segments(segments) -> None:
+        # Segments are joined by a space, the first of the stream has none: the deltas add up to the done text.
+        nonlocal started
         text = "".join(s.text if s.text.startswith(" ") else " " + s.text for s in segments)
+        if not started:
+            text = text.lstrip()
+        started = started or bool(text)
         loop.call_soon_threadsafe(queue.put_nowait, ("delta", text))
 
     def work() -> None:

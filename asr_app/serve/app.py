@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse, Response
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -18,7 +20,15 @@ from asr_app.limits import LimitExceeded
 from asr_app.serve.api import build_router, model_id, refusal_for
 from asr_app.serve.live import build_live_router
 from asr_app.serve.metrics import metrics_text
-from asr_app.serve.security import AccessSettings, Refusal, error_response, require_key
+from asr_app.serve.security import (
+    KEY_REFUSAL,
+    AccessSettings,
+    Refusal,
+    bearer,
+    error_response,
+    key_matches,
+    require_key,
+)
 from asr_app.ui.engine import UiEngine
 from asr_app.ui.page_script import RECORDER_RETRY_HEAD
 
@@ -28,14 +38,17 @@ UPLOAD_PATHS = ("/v1/audio/",)
 FORM_OVERHEAD_BYTES = 1 << 20   # multipart headers and the other fields around an upload
 
 
-class BodyLimit:
-    """Refuses a request body past a bound while it arrives: by its Content-Length before reading it, and by
-    counting the bytes of a body sent without one (chunked), so a client cannot make the server spool
-    more than the limit to disk. The bound is the upload limit (`limit_mb`, what refusals name) plus room
-    for the form around the file."""
+class UploadGate:
+    """An upload's key and size, checked before its body is read: a request without the right API key is
+    refused (401) before a byte of it is received; a body past the bound by its Content-Length before reading
+    it, and one sent without it (chunked) once its bytes counted while they arrive pass the bound (413, the
+    rest unread), so a client cannot make the server spool more than the limit to disk, nor anything at all
+    without the key. The bound is the upload limit (`limit_mb`, what refusals name) plus room for the form
+    around the file."""
 
-    def __init__(self, app: ASGIApp, limit_mb: float, answers: dict[str, int] | None = None) -> None:
-        self.app, self.limit_mb = app, limit_mb
+    def __init__(self, app: ASGIApp, limit_mb: float, api_key: str | None = None,
+                 answers: dict[str, int] | None = None) -> None:
+        self.app, self.limit_mb, self.api_key = app, limit_mb, api_key
         self.max_bytes = int(limit_mb * 1e6) + FORM_OVERHEAD_BYTES
         self.answers = answers if answers is not None else {}   # /metrics' count: this layer answers first
 
@@ -43,26 +56,48 @@ class BodyLimit:
         if scope["type"] != "http" or not scope["path"].startswith(UPLOAD_PATHS):
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send, int(declared))
+        headers = Headers(scope=scope)
+        query_key = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("api_key", [None])[0]
+        if not key_matches(self.api_key, bearer(headers, query_key)):
+            await self._answer(send, 401, KEY_REFUSAL, "authentication_error")
             return
-        seen = 0
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._answer(send, 413, f"the request is {int(declared) / 1e6:.1f} MB; uploads of at most "
+                                          f"{self.limit_mb:g} MB are accepted")
+            return
+        seen, over = 0, False
 
         async def counted() -> Message:
-            nonlocal seen
+            nonlocal seen, over
+            if over:
+                return {"type": "http.disconnect"}
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                raise LimitExceeded(f"the upload is larger than the {self.limit_mb:g} MB that is accepted")
+            if seen > self.max_bytes:   # the app reads a client gone: it stops reading and answers nothing we send
+                over = True
+                return {"type": "http.disconnect"}
             return message
 
-        await self.app(scope, counted, send)
+        async def unless_over(message: Message) -> None:
+            if not over:
+                await send(message)
 
-    async def _refuse(self, send: Send, declared: int) -> None:
-        self.answers["4xx"] = self.answers.get("4xx", 0) + 1
-        response = error_response(413, f"the request is {declared / 1e6:.1f} MB; uploads of at most "
-                                       f"{self.limit_mb:g} MB are accepted")
+        try:
+            await self.app(scope, counted, unless_over)
+        except Exception:
+            if not over:
+                raise
+        if over:
+            # The app behind counted its own answer to the body that stopped (a 4xx): not counted again.
+            await self._answer(send, 413, f"the upload is larger than the {self.limit_mb:g} MB that is accepted",
+                               count=False)
+
+    async def _answer(self, send: Send, status: int, message: str, code: str = "invalid_request_error",
+                      count: bool = True) -> None:
+        if count:
+            self.answers["4xx"] = self.answers.get("4xx", 0) + 1
+        response = error_response(status, message, code)
         await response(scope={"type": "http"}, receive=None, send=send)  # type: ignore[arg-type]
 
 
@@ -81,7 +116,7 @@ def build_app(engine: UiEngine, access: AccessSettings = AccessSettings(), mount
     if access.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(access.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
-    app.add_middleware(BodyLimit, limit_mb=engine.limits.max_upload_mb, answers=answers)
+    app.add_middleware(UploadGate, limit_mb=engine.limits.max_upload_mb, api_key=access.api_key, answers=answers)
 
     @app.get("/health")
     def health() -> dict:

@@ -145,6 +145,12 @@ async def _receive_audio(ws: WebSocket, engine: UiEngine, session: LiveSession, 
         except (AudioLoadError, LimitExceeded, ValueError) as exc:
             await ws.send_json({"kind": "error", "message": f"skipped a frame: {exc}"})
             continue
+        try:
+            engine.sessions.keep(session)
+        except SessionsFull as exc:   # idle too long, and the house filled meanwhile: end with the text so far
+            await ws.send_json({"kind": "error", "message": f"this session sent no audio for "
+                                f"{engine.sessions.idle_s:g} s and lost its place: {exc}"})
+            return True
         session.feed(audio)
 
 

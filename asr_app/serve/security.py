@@ -66,7 +66,9 @@ def bearer(request_headers, query_key: str | None = None) -> str | None:
     return query_key
 
 
+KEY_REFUSAL = "missing or wrong API key (send it as 'Authorization: Bearer KEY')"
+
+
 def require_key(settings: AccessSettings, request: Request) -> None:
     if not key_matches(settings.api_key, bearer(request.headers, request.query_params.get("api_key"))):
-        raise Refusal(401, "missing or wrong API key (send it as 'Authorization: Bearer KEY')",
-                      "authentication_error")
+        raise Refusal(401, KEY_REFUSAL, "authentication_error")

@@ -118,6 +118,13 @@ def live_chunk(engine: UiEngine, chunk: BrowserChunk | None, session: LiveSessio
         with session.lock:
             session.message = f"Skipped a microphone chunk: {exc}"
         return live_outputs(session)
+    try:
+        engine.sessions.keep(session)
+    except SessionsFull as exc:   # idle too long, and the house filled meanwhile
+        with session.lock:
+            session.message = (f"This recording sent no audio for {engine.sessions.idle_s:g} s and lost its place: "
+                               f"{exc}. Press Stop to keep the text so far.")
+        return live_outputs(session)
     session.feed(audio)
     return live_outputs(session)
 
