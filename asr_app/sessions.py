@@ -262,7 +262,11 @@ class SessionRegistry:
         """Audio arrived for `session`: it holds its place. One that lost its place while idle takes one
         again if there is room, else SessionsFull: an idle client never decodes beyond `max_sessions`."""
         with self._lock:
-            if session.session_id not in self._sessions:
+            if session.finished:
+                return
+            if session.session_id in self._sessions:
+                session.last_activity = time.monotonic()   # before another's `open` could count it idle
+            else:
                 self._admit(session)
 
     def _admit(self, session: LiveSession) -> None:

@@ -37,6 +37,8 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from asr_app.decoding.options import ENCODER_MATMUL_DTYPES
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 SHARED = Path(os.environ.get("ASR_SHARED_DIR", REPO.parent / "shared"))
@@ -396,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="clips with transcripts (default the shared audio; tests/data/audio travels to a GPU)")
     parser.add_argument("--cycle-clips", action="store_true", help="repeat the clips up to the largest N")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--encoder-matmul-dtype", default="same", choices=("same", "bfloat16"),
+    parser.add_argument("--encoder-matmul-dtype", default="same", choices=ENCODER_MATMUL_DTYPES,
                         help="RuntimeOptions.encoder_matmul_dtype of the decoder every engine shares")
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/<device>/<date>/serve_bench.json)")
     args = parser.parse_args(argv)

@@ -204,3 +204,29 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 def pytest_configure(config: pytest.Config) -> None:
     if not MODELS_OVERRIDE:
         export_test_models()
+
+
+class JumpingClock:
+    """`time.monotonic` plus what the test adds with `jump`: idle bounds tested without waiting them out, and
+    without the races of a short bound on a busy machine."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._monotonic, self.offset = time.monotonic, 0.0
+
+    def monotonic(self) -> float:
+        return self._monotonic() + self.offset
+
+    def jump(self, seconds: float) -> None:
+        self.offset += seconds
+
+
+@pytest.fixture
+def sessions_clock(monkeypatch):
+    """asr_app.sessions' clock, which the test moves forward with `.jump(s)`."""
+    import asr_app.sessions
+
+    clock = JumpingClock()
+    monkeypatch.setattr(asr_app.sessions, "time", clock)
+    return clock

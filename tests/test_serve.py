@@ -226,11 +226,14 @@ def test_a_chunked_upload_past_the_bound_is_told_the_bound(service):
             yield bytes(64_000)
         yield f"\r\n--{boundary}--\r\n".encode()
 
+    refused = 'asr_http_responses_total{status="4xx"}'
+    before = metrics(url).get(refused, 0)
     answer = httpx.post(url + "/v1/audio/transcriptions", content=body(), timeout=60,
                         headers={"Authorization": f"Bearer {KEY}",
                                  "Content-Type": f"multipart/form-data; boundary={boundary}"})
     assert answer.status_code == 413, answer.text
     assert answer.json()["error"]["message"] == "the upload is larger than the 3 MB that is accepted"
+    assert metrics(url)[refused] == before + 1   # counted once
     assert healthy(url) and not list(folder.glob("asr_serve_*"))
 
 
@@ -442,7 +445,7 @@ def test_translation_and_language_detection_on_the_multilingual_model(tmp_path):
 
 
 @contextlib.contextmanager
-def in_process_server(engine, mount_ui: bool = False):
+def in_process_server(engine, mount_ui: bool = False, access=None):
     """`asr-serve`'s app for `engine` (API only, or with the web app at /) in uvicorn on a free loopback port,
     in this process."""
     import threading
@@ -450,10 +453,11 @@ def in_process_server(engine, mount_ui: bool = False):
     import uvicorn
 
     from asr_app.serve.app import build_app
+    from asr_app.serve.security import AccessSettings
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(engine, mount_ui=mount_ui), host="127.0.0.1", port=port,
-                                           log_level="warning"))
+    app = build_app(engine, access or AccessSettings(), mount_ui=mount_ui)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -488,7 +492,7 @@ def test_unknown_api_paths_get_the_api_answer_with_the_web_app_mounted(tiny_en_p
     assert "recorder was not ready" in page.text   # with the page script that mends Gradio's Record race
 
 
-def test_a_live_session_that_lost_its_place_while_idle_cannot_decode_past_max_sessions(tiny_en_pair):
+def test_a_live_session_that_lost_its_place_while_idle_cannot_decode_past_max_sessions(tiny_en_pair, sessions_clock):
     """--max-sessions 1: a WebSocket session quiet for longer than the idle bound loses its place to a new one;
     its next frame is then refused (an error event and its text so far), not decoded uncounted beside it."""
     from asr_app.audio import load_audio
@@ -496,7 +500,7 @@ def test_a_live_session_that_lost_its_place_while_idle_cannot_decode_past_max_se
     from asr_app.sessions import SessionRegistry
     from asr_app.ui.engine import UiEngine
 
-    engine = UiEngine(pair=tiny_en_pair, limits=ServiceLimits(max_sessions=1), sessions=SessionRegistry(1, 0.3))
+    engine = UiEngine(pair=tiny_en_pair, limits=ServiceLimits(max_sessions=1), sessions=SessionRegistry(1, 120))
     pcm = (np.clip(load_audio(str(LJ_LIVE))[:16_000], -1, 1) * 32767).astype("<i2").tobytes()
 
     async def quiet_then_crowded(port: int) -> tuple[list[dict], str]:
@@ -504,7 +508,8 @@ def test_a_live_session_that_lost_its_place_while_idle_cannot_decode_past_max_se
         async with connect(uri) as quiet:
             assert json.loads(await quiet.recv())["kind"] == "ready"
             await quiet.send(pcm)
-            await asyncio.sleep(0.6)   # past the idle bound
+            await asyncio.sleep(0.5)   # the frame reached the session
+            sessions_clock.jump(121)   # past the idle bound
             async with connect(uri) as other:
                 second = json.loads(await other.recv())["kind"]
                 await quiet.send(pcm)
@@ -523,6 +528,32 @@ def test_a_live_session_that_lost_its_place_while_idle_cannot_decode_past_max_se
     errors = [e["message"] for e in events if e["kind"] == "error"]
     assert any("lost its place" in m and "live sessions are in use" in m for m in errors), events
     assert events[-1]["kind"] == "done"
+
+
+def test_a_browser_on_an_allowed_origin_can_upload_with_the_key(tiny_en_pair):
+    """--cors-origin with --api-key: the preflight (sent without the key) is CORS's to answer, and a refusal of
+    the upload gate carries the CORS headers, so the page reads the reason."""
+    import httpx
+
+    from asr_app.serve.security import AccessSettings
+    from asr_app.ui.engine import UiEngine
+
+    origin = "http://page.example"
+    access = AccessSettings(api_key=KEY, cors_origins=(origin,))
+    with in_process_server(UiEngine(pair=tiny_en_pair), access=access) as port:
+        url = f"http://127.0.0.1:{port}/v1/audio/transcriptions"
+        preflight = httpx.options(url, timeout=30, headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        keyless = httpx.post(url, timeout=30, headers={"Origin": origin}, files={"file": ("a.wav", b"x")},
+                             data={"model": "whisper-1"})
+        with open(LJ_LIVE, "rb") as f:
+            good = httpx.post(url, timeout=120, headers={"Origin": origin, "Authorization": f"Bearer {KEY}"},
+                              files={"file": ("a.wav", f.read())}, data={"model": "whisper-1"})
+    assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == origin
+    assert keyless.status_code == 401 and keyless.headers["access-control-allow-origin"] == origin
+    assert good.status_code == 200 and good.headers["access-control-allow-origin"] == origin
+    assert word_error_rate(LJ_LIVE_TEXT, good.json()["text"]) < 0.15
 
 
 def test_a_request_past_the_timeout_is_told_the_service_is_busy(tiny_en_pair):

@@ -399,6 +399,22 @@ def test_cli_fallback_switch(capsys, reuse_decoder, monkeypatch, flag):
     assert seen[0].temperature_fallback == (() if flag else (0.2, 0.4, 0.6, 0.8, 1.0))
 
 
+def test_output_names_keep_the_extension_only_where_it_tells_files_apart(tmp_path):
+    from asr_app.cli.transcribe import collect_jobs
+
+    for name in ("one/a.wav", "one/a.flac", "one/b.wav", "one/sub/c.wav", "two/a.wav"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    jobs, errors = collect_jobs([str(tmp_path / "one"), str(tmp_path / "one" / "b.wav")], recursive=True)
+    assert sorted(j.stem for j in jobs) == ["a.flac", "a.wav", "b", "sub/c"] and errors == []
+    # the same name from two folders given: the extension does not tell them apart, so the second is skipped
+    jobs, errors = collect_jobs([str(tmp_path / "one" / "b.wav"), str(tmp_path / "two"), str(tmp_path / "one")],
+                                recursive=False)
+    assert sorted(j.stem for j in jobs) == ["a.flac", "a.wav", "b"]
+    assert len(errors) == 1 and "two/a.wav: output name 'a.wav' already used by" not in errors[0]
+    assert "one/a.wav: output name 'a.wav' already used by" in errors[0] and errors[0].endswith("two/a.wav; skipped")
+
+
 def test_cli_files_that_share_a_name_are_all_transcribed_under_their_full_names(tmp_path, capsys, reuse_decoder):
     """a.wav beside a.flac: both are transcribed, into a.wav.txt and a.flac.txt (one used to be skipped, even
     when printing to the terminal); a file listed twice is decoded once; other names are left as they were."""

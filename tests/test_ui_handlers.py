@@ -321,16 +321,14 @@ def test_bounds_hold_on_the_web_app_too(engine, tmp_path):
     live_stop(strict, third)
 
 
-def test_a_recording_that_lost_its_place_while_idle_takes_one_again_only_if_there_is_room(engine):
+def test_a_recording_that_lost_its_place_while_idle_takes_one_again_only_if_there_is_room(engine, sessions_clock):
     """--max-sessions holds for a session that went quiet: after `idle_s` without audio its place may go to
     another, and its next chunk is refused while the house is full (it used to decode uncounted)."""
-    import time
-
     from asr_app.limits import ServiceLimits
-    strict = engine.sharing(limits=ServiceLimits(max_sessions=1), sessions=SessionRegistry(1, idle_s=0.2))
+    strict = engine.sharing(limits=ServiceLimits(max_sessions=1), sessions=SessionRegistry(1, idle_s=120))
     chunk = as_browser_chunks(np.zeros(8000, np.float32), 16_000)[0]
     quiet, _, _ = live_chunk(strict, chunk, None, "exact", 0.0)
-    time.sleep(0.3)
+    sessions_clock.jump(121)
     other, _, _ = live_chunk(strict, chunk, None, "exact", 0.0)
     assert other is not None and len(strict.sessions) == 1   # the quiet one's place went to the other
     before = quiet.audio_s

@@ -107,11 +107,13 @@ def collect_jobs(paths: list[str], recursive: bool) -> tuple[list[Job], list[str
             candidates.append((path, path.stem))
         else:
             errors.append(f"{path}: no such file or folder")
-    stems = collections.Counter(stem for _, stem in {(f.resolve(), stem) for f, stem in candidates})
+    extensions: dict[str, set[str]] = collections.defaultdict(set)   # the extensions each stem comes with
+    for file, stem in candidates:
+        extensions[stem].add(file.suffix.lower())
     jobs: list[Job] = []
     seen: dict[str, Path] = {}
     for file, stem in candidates:
-        name = stem if stems[stem] == 1 else stem + file.suffix
+        name = stem if len(extensions[stem]) == 1 else stem + file.suffix
         if name in seen:
             if seen[name].resolve() != file.resolve():   # the same name in two folders given
                 errors.append(f"{file}: output name '{name}' already used by {seen[name]}; skipped")
@@ -139,7 +141,10 @@ def decoding_summary(transcripts: list) -> str:
 def short_model_name(spec: object) -> str:
     """A local model folder by its last two parts (models/whisper-tiny.en); a hub id or a name as it is."""
     path = Path(str(spec))
-    return f"{path.parent.name}/{path.name}" if path.is_dir() else str(spec)
+    if not path.is_dir():
+        return str(spec)
+    path = path.resolve()
+    return f"{path.parent.name}/{path.name}"
 
 
 def _duration(path: Path) -> float:

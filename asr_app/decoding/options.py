@@ -86,11 +86,12 @@ class RuntimeOptions:
     # The draft's precision changes its acceptance and the speed, never the output (verification decides).
     draft_matmul_dtype: str = "int8"
     # The encoders' products on a CPU in fp32: "same" (fp32), or "bfloat16" (weights packed in bf16, each
-    # product's inputs cast to bf16, where the CPU multiplies bf16 natively: AVX512-BF16 or AMX; elsewhere
-    # as "same"). The encoder over a whole window is most of a short clip's time on a CPU, and bf16 products
-    # halve its cost per multiply; norms, softmax, GELU and the decoders stay fp32. Unlike the draft's dtype,
-    # this changes the output, to bf16 rounding of the audio's features (docs/runtime.md, "bf16 encoder"):
-    # every mode sees the same encoder, so `exact` still equals `off`.
+    # product's inputs and outputs rounded to bf16, the first MLP projection's GELU with it, where the CPU
+    # multiplies bf16 natively: AVX512-BF16 or AMX; elsewhere, and with packed_weights off, as "same"). The
+    # encoder over a whole window is most of a short clip's time on a CPU, and bf16 products halve its cost
+    # per multiply; norms, softmax, residuals and the decoders stay fp32. Unlike the draft's dtype, this
+    # changes the output, to bf16 rounding of the encoder (docs/runtime.md, "bf16 encoder"): every mode but
+    # `hf` (transformers' own encoder) reads the same encoder output, so `exact` still equals `off`.
     encoder_matmul_dtype: str = "same"
     # Where steps run eagerly, the draft cross-attends only to the window's audio plus this margin (seconds),
     # not to the padding that fills a short clip's window to 30 s: its cross K/V are computed for those

@@ -260,6 +260,16 @@ def _build_draft(spec: str | None, target_model, target_name: str, device: torch
     return _load_draft(spec, device, dtype).to(device=device, dtype=dtype).eval(), spec
 
 
+def _warn_half_precision_on_cpu(dtype: torch.dtype) -> None:
+    """The CPU runtime's fast paths (packed products, oneDNN attention) are fp32 ones (docs/runtime.md)."""
+    from asr_app.runtime.ops import onednn_packing_works
+
+    instead = (" keep float32 and pass --encoder-matmul-dtype bfloat16 for a faster encoder"
+               if onednn_packing_works(torch.bfloat16) else " keep float32")
+    log.warning("a %s model on a CPU runs outside the runtime's packed fp32 paths and is slower than float32:%s",
+                str(dtype).removeprefix("torch."), instead)
+
+
 def load_pair(
     pair: str | None = None,
     target: str | None = None,
@@ -277,10 +287,7 @@ def load_pair(
     dt = resolve_dtype(dtype, dev)
     draft_dt = resolve_draft_dtype(draft_dtype, dev, dt)
     if dev.type == "cpu" and dt != torch.float32:
-        # The CPU runtime's fast paths (packed products, oneDNN attention) are fp32 ones (docs/runtime.md).
-        log.warning("a %s model on a CPU runs outside the runtime's packed fp32 paths and is slower than float32; "
-                    "for a faster encoder keep float32 and pass --encoder-matmul-dtype bfloat16",
-                    str(dt).removeprefix("torch."))
+        _warn_half_precision_on_cpu(dt)
     target_name, draft_spec = _names(pair, target, draft, dev)
     fallback = packaged_fallback(target_name)
     if fallback is not None:

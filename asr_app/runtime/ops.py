@@ -198,7 +198,8 @@ def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, onednn: bo
     Same products, summed in another order: values agree to float rounding (tested).
 
     `product_dtype=torch.bfloat16` (on that oneDNN path, where the CPU multiplies bf16): both products take
-    bf16 inputs; the scores' softmax and the output stay fp32 (`RuntimeOptions.encoder_matmul_dtype`)."""
+    bf16 inputs and give bf16 results; the softmax over the scores runs in fp32, and the output is returned in
+    fp32 (`RuntimeOptions.encoder_matmul_dtype`)."""
     if not (onednn and q.device.type == "cpu" and q.dtype == torch.float32 and onednn_packing_works()):
         return merge_heads(F.scaled_dot_product_attention(q, k, v, scale=1.0))
     low = product_dtype == torch.bfloat16 and onednn_packing_works(torch.bfloat16)

@@ -67,11 +67,12 @@ def model_id(engine: UiEngine) -> str:
     return name if engine.pair.draft is None else f"{name}+draft"
 
 
+def model_entry(name: str) -> dict:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "asr-app"}
+
+
 def build_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
     router = APIRouter()
-
-    def model_entry(name: str) -> dict:
-        return {"id": name, "object": "model", "created": 0, "owned_by": "asr-app"}
 
     @router.get("/v1/models")
     def list_models(request: Request) -> dict:
@@ -229,9 +230,9 @@ async def stream_events(engine: UiEngine, req: TranscriptionRequest, path: Path,
     def on_segments(segments) -> None:
         # Segments are joined by a space, the first of the stream has none: the deltas add up to the done text.
         nonlocal started
-        text = "".join(s.text if s.text.startswith(" ") else " " + s.text for s in segments)
-        if not started:
-            text = text.lstrip()
+        text = " ".join(s.text.strip() for s in segments if s.text.strip())
+        if started and text:
+            text = " " + text
         started = started or bool(text)
         loop.call_soon_threadsafe(queue.put_nowait, ("delta", text))
 

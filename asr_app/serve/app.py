@@ -36,21 +36,20 @@ log = logging.getLogger(__name__)
 
 UPLOAD_PATHS = ("/v1/audio/",)
 FORM_OVERHEAD_BYTES = 1 << 20   # multipart headers and the other fields around an upload
+DISCARD_BYTES = 16 << 20        # of an upload past the bound, read and dropped before its 413 is sent
 
 
 class UploadGate:
     """An upload's key and size, checked before its body is read: a request without the right API key is
     refused (401) before a byte of it is received; a body past the bound by its Content-Length before reading
-    it, and one sent without it (chunked) once its bytes counted while they arrive pass the bound (413, the
-    rest unread), so a client cannot make the server spool more than the limit to disk, nor anything at all
-    without the key. The bound is the upload limit (`limit_mb`, what refusals name) plus room for the form
-    around the file."""
+    it, and one sent without it (chunked) once its bytes counted while they arrive pass the bound (413), so a
+    client cannot make the server spool more than the limit to disk, nor anything at all without the key.
+    The bound is the upload limit (`limit_mb`, what refusals name) plus room for the form around the file.
+    The innermost layer: CORS answers a browser's preflight before it, and /metrics counts its answers."""
 
-    def __init__(self, app: ASGIApp, limit_mb: float, api_key: str | None = None,
-                 answers: dict[str, int] | None = None) -> None:
+    def __init__(self, app: ASGIApp, limit_mb: float, api_key: str | None = None) -> None:
         self.app, self.limit_mb, self.api_key = app, limit_mb, api_key
         self.max_bytes = int(limit_mb * 1e6) + FORM_OVERHEAD_BYTES
-        self.answers = answers if answers is not None else {}   # /metrics' count: this layer answers first
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(UPLOAD_PATHS):
@@ -59,12 +58,12 @@ class UploadGate:
         headers = Headers(scope=scope)
         query_key = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("api_key", [None])[0]
         if not key_matches(self.api_key, bearer(headers, query_key)):
-            await self._answer(send, 401, KEY_REFUSAL, "authentication_error")
+            await _answer(send, 401, KEY_REFUSAL, "authentication_error")
             return
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._answer(send, 413, f"the request is {int(declared) / 1e6:.1f} MB; uploads of at most "
-                                          f"{self.limit_mb:g} MB are accepted")
+            await _answer(send, 413, f"the request is {int(declared) / 1e6:.1f} MB; uploads of at most "
+                                     f"{self.limit_mb:g} MB are accepted")
             return
         seen, over = 0, False
 
@@ -74,7 +73,7 @@ class UploadGate:
                 return {"type": "http.disconnect"}
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.max_bytes:   # the app reads a client gone: it stops reading and answers nothing we send
+            if seen > self.max_bytes:   # the app is told the client left: it stops reading, and its answer is dropped
                 over = True
                 return {"type": "http.disconnect"}
             return message
@@ -88,23 +87,34 @@ class UploadGate:
         except Exception:
             if not over:
                 raise
+            log.debug("an upload past the bound ended the app's reading", exc_info=True)
         if over:
-            # The app behind counted its own answer to the body that stopped (a 4xx): not counted again.
-            await self._answer(send, 413, f"the upload is larger than the {self.limit_mb:g} MB that is accepted",
-                               count=False)
+            await self._discard_rest(receive)
+            await _answer(send, 413, f"the upload is larger than the {self.limit_mb:g} MB that is accepted")
 
-    async def _answer(self, send: Send, status: int, message: str, code: str = "invalid_request_error",
-                      count: bool = True) -> None:
-        if count:
-            self.answers["4xx"] = self.answers.get("4xx", 0) + 1
-        response = error_response(status, message, code)
-        await response(scope={"type": "http"}, receive=None, send=send)  # type: ignore[arg-type]
+    @staticmethod
+    async def _discard_rest(receive: Receive) -> None:
+        """Read (and drop) what the client is still sending, up to DISCARD_BYTES, so that it reads the 413
+        instead of a reset connection; a larger remainder is cut off."""
+        dropped = 0
+        while dropped < DISCARD_BYTES:
+            message = await receive()
+            dropped += len(message.get("body", b""))
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+
+
+async def _answer(send: Send, status: int, message: str, code: str = "invalid_request_error") -> None:
+    response = error_response(status, message, code)
+    await response(scope={"type": "http"}, receive=None, send=send)  # type: ignore[arg-type]
 
 
 def build_app(engine: UiEngine, access: AccessSettings = AccessSettings(), mount_ui: bool = True) -> FastAPI:
     app = FastAPI(title="asr-app", docs_url=None, redoc_url=None, openapi_url=None)
     answers: dict[str, int] = {}
     _install_error_handlers(app)
+    # Added first, so innermost: each later layer wraps it (the answer count, then CORS).
+    app.add_middleware(UploadGate, limit_mb=engine.limits.max_upload_mb, api_key=access.api_key)
 
     @app.middleware("http")
     async def count_answers(request: Request, call_next) -> Response:
@@ -116,7 +126,6 @@ def build_app(engine: UiEngine, access: AccessSettings = AccessSettings(), mount
     if access.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(access.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
-    app.add_middleware(UploadGate, limit_mb=engine.limits.max_upload_mb, api_key=access.api_key, answers=answers)
 
     @app.get("/health")
     def health() -> dict:
