@@ -27,6 +27,9 @@ AUDIO_EXTENSIONS = frozenset({".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", 
 
 # Integer PCM is scaled by its type's full range, never by the chunk's own maximum:
 # a silent chunk would otherwise divide by zero and a quiet one be blown up to full scale.
+# Float audio far past full scale is integer PCM sent as float (or garbage): refused, not decoded into noise.
+# Real float audio may pass 1.0 a little (mixing, inter-sample peaks); this leaves it 36 dB of room.
+MAX_FLOAT_PEAK = 64.0
 _INT_SCALE = {np.dtype(np.int16): 32768.0, np.dtype(np.int32): 2147483648.0, np.dtype(np.int8): 128.0}
 
 
@@ -186,6 +189,7 @@ def prepare_audio(samples: np.ndarray, sample_rate: int, *, source: str = "audio
     """
     samples = np.asarray(samples)
     check_sample_rate(sample_rate, source)
+    floating = np.issubdtype(samples.dtype, np.floating)
     if samples.ndim == 2:
         if samples.shape[0] <= 8 < samples.shape[1]:
             samples = samples.T  # channels-first
@@ -201,6 +205,9 @@ def prepare_audio(samples: np.ndarray, sample_rate: int, *, source: str = "audio
     if not np.isfinite(samples).all():
         bad = int((~np.isfinite(samples)).sum())
         raise AudioLoadError(f"{source}: {bad} samples are NaN or infinite")
+    if floating and (peak := float(np.abs(samples).max())) > MAX_FLOAT_PEAK:
+        raise AudioLoadError(f"{source}: float samples should lie within [-1, 1] but reach {peak:.4g}: integer PCM "
+                             "sent as float? Scale it by 1/32768, or send it as 16-bit PCM")
     if sample_rate != SAMPLE_RATE:
         samples = soxr.resample(samples, sample_rate, SAMPLE_RATE, quality="HQ").astype(np.float32, copy=False)
     return np.ascontiguousarray(samples, dtype=np.float32)

@@ -149,6 +149,17 @@ def test_prepare_silent_int16_chunk_is_zero_not_nan():
     assert out.size == 800 and np.all(out == 0)
 
 
+def test_float_audio_far_past_full_scale_is_refused_as_integer_pcm_sent_as_float():
+    speech_as_int16_values = (8000 * np.sin(np.arange(1600) / 7)).astype(np.float32)
+    with pytest.raises(AudioLoadError, match=r"float samples should lie within \[-1, 1\] but reach 8000.*16-bit PCM"):
+        prepare_audio(speech_as_int16_values, SAMPLE_RATE, source="audio frame")
+    with pytest.raises(AudioLoadError, match="reach 1e\\+30"):
+        prepare_audio(np.array([0.0, 1e30], dtype=np.float32), SAMPLE_RATE)
+    hot = prepare_audio(np.array([0.0, 1.5, -2.0], dtype=np.float32), SAMPLE_RATE)   # a little past: kept as is
+    assert hot.tolist() == [0.0, 1.5, -2.0]
+    assert prepare_audio((speech_as_int16_values).astype(np.int16), SAMPLE_RATE).max() < 0.25   # integers scale
+
+
 def test_prepare_channels_first_and_empty():
     left = np.linspace(-0.5, 0.5, 1600, dtype=np.float32)
     out = prepare_audio(np.stack([left, -left]), SAMPLE_RATE)  # (2, N): mean is zero
