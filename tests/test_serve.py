@@ -237,6 +237,50 @@ def test_a_chunked_upload_past_the_bound_is_told_the_bound(service):
     assert healthy(url) and not list(folder.glob("asr_serve_*"))
 
 
+@pytest.mark.parametrize("passed", ["by the last message", "before the end"])
+def test_the_upload_gate_answers_413_whether_the_bound_is_passed_before_the_end_or_by_it(passed):
+    """The ASGI layer alone: a body that passes the bound in its last message is answered at once (reading on
+    would wait for a client that is waiting for the answer); one that passes it earlier has its rest read
+    and dropped first, so the client reads the 413."""
+    from asr_app.serve.app import UploadGate
+
+    async def form_parser(scope, receive, send):   # reads the body as FastAPI's form parsing does
+        while (message := await receive())["type"] == "http.request" and message.get("more_body"):
+            pass
+        if message["type"] == "http.disconnect":
+            raise RuntimeError("the client left")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    gate = UploadGate(form_parser, limit_mb=1)
+
+    def message(size: int, more: bool) -> dict:
+        return {"type": "http.request", "body": bytes(size), "more_body": more}
+
+    half = gate.max_bytes // 2 + 1
+    body = ([message(gate.max_bytes + 1, False)] if passed == "by the last message" else
+            [message(half, True), message(half, True), message(1000, True), message(1000, False)])
+
+    async def run() -> tuple[list[dict], int]:
+        queue, sent = list(body), []
+
+        async def receive():
+            if queue:
+                return queue.pop(0)
+            await asyncio.Event().wait()   # a client that sent everything and waits for the answer
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "path": "/v1/audio/transcriptions", "headers": [], "query_string": b""}
+        await asyncio.wait_for(gate(scope, receive, send), 10)
+        return sent, len(queue)
+
+    sent, unread = asyncio.run(run())
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 413 and unread == 0
+    assert b"larger than the 1 MB" in sent[1]["body"]
+
+
 @pytest.mark.parametrize("name", ["x" * 300 + ".wav", "ü" * 130 + ".flac", "..", "a/../../b.flac", "noext"])
 def test_an_uploads_own_name_never_stops_its_transcription(service, name):
     """The server spools an upload under a name of its own: a client's name the file system would refuse

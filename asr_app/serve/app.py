@@ -65,13 +65,14 @@ class UploadGate:
             await _answer(send, 413, f"the request is {int(declared) / 1e6:.1f} MB; uploads of at most "
                                      f"{self.limit_mb:g} MB are accepted")
             return
-        seen, over = 0, False
+        seen, over, ended = 0, False, False
 
         async def counted() -> Message:
-            nonlocal seen, over
+            nonlocal seen, over, ended
             if over:
                 return {"type": "http.disconnect"}
             message = await receive()
+            ended = message["type"] != "http.request" or not message.get("more_body", False)
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:   # the app is told the client left: it stops reading, and its answer is dropped
                 over = True
@@ -89,7 +90,8 @@ class UploadGate:
                 raise
             log.debug("an upload past the bound ended the app's reading", exc_info=True)
         if over:
-            await self._discard_rest(receive)
+            if not ended:   # past the body's end, receive() would wait for the client to leave
+                await self._discard_rest(receive)
             await _answer(send, 413, f"the upload is larger than the {self.limit_mb:g} MB that is accepted")
 
     @staticmethod
