@@ -42,14 +42,17 @@ class EncoderWeights:
     heads: int
     eps: float
     query_scale: float              # 1.0 when the query weights are pre-scaled; else applied per layer
-    # The dtype of the attention's products where the projections run in it (RuntimeOptions.encoder_matmul_dtype);
-    # None: the activations' own.
-    product_dtype: torch.dtype | None = None
 
     @property
     def onednn(self) -> bool:
         """Attention through oneDNN exactly where the projections are oneDNN-packed (CPU fp32, packing on)."""
         return bool(self.layers) and self.layers[0].qkv_weight.is_mkldnn
+
+    @property
+    def product_dtype(self) -> torch.dtype | None:
+        """bf16 for the attention's products where the projections are packed in it
+        (RuntimeOptions.encoder_matmul_dtype); None: the activations' own dtype."""
+        return torch.bfloat16 if self.onednn and self.layers[0].qkv_weight.dtype == torch.bfloat16 else None
 
 
 def _layer(layer, scale: float, packed: bool, matmul_dtype: torch.dtype | None) -> EncoderLayerWeights:
@@ -80,12 +83,11 @@ def encoder_weights(model, packed: bool = True, matmul_dtype: torch.dtype | None
     folded, per_step = query_scales(config.d_model, heads)
     with torch.no_grad():
         layers = tuple(_layer(layer, folded, packed, matmul_dtype) for layer in encoder.layers)
-    low = packed and bool(layers) and layers[0].qkv_weight.is_mkldnn and layers[0].qkv_weight.dtype == torch.bfloat16
     return EncoderWeights(
         conv1=module_pair(encoder.conv1), conv2=module_pair(encoder.conv2),
         positions=encoder.embed_positions.weight.detach(),
         layers=layers, final_norm=module_pair(encoder.layer_norm), heads=heads, eps=encoder.layer_norm.eps,
-        query_scale=per_step, product_dtype=torch.bfloat16 if low else None,
+        query_scale=per_step,
     )
 
 
