@@ -101,6 +101,34 @@ def test_rewritten_committed_words_do_not_drop_the_next_word():
     assert [w.text for w in la.flush()] == ["him."]
 
 
+def test_committed_audio_heard_again_as_other_words_adds_nothing():
+    # Hypotheses of a real stream (jfk.flac, tiny.en, a decode every 0.3 s): "my" is committed, then the
+    # decodes hear its audio as "am I", the "I" a zero-long word at the end of the committed "my". It
+    # starts after the old time cut (committed end - 0.1 s) but has no audio of its own: not a new word.
+    la = LocalAgreement()
+    seen = [
+        (1.5, [("And", 0.0, 0.76), ("so", 0.76, 1.04), ("my", 1.04, 1.42), ("fella", 1.42, 1.48)]),
+        (1.8, [("And", 0.0, 0.76), ("so", 0.76, 1.04), ("my", 1.04, 1.40), ("fellow", 1.40, 1.78), ("men", 1.78, 1.78)]),
+        (2.1, [("And", 0.0, 0.76), ("so", 0.76, 1.04), ("am", 1.04, 1.42), ("I", 1.42, 1.42), ("fellow", 1.42, 1.76),
+               ("America", 1.76, 2.08)]),
+        (2.4, [("And", 0.0, 0.76), ("so", 0.76, 1.04), ("am", 1.04, 1.42), ("I", 1.42, 1.42), ("fellow", 1.42, 1.76),
+               ("Americans.", 1.76, 2.38)]),
+    ]
+    committed = [w.text for end, words in seen for w in la.insert([Word(a, b, t) for t, a, b in words], end)]
+    assert committed + [w.text for w in la.flush()] == ["And", "so", "my", "fellow", "Americans."]
+
+
+def test_a_short_new_word_right_after_rewritten_committed_words_is_kept():
+    # The same rewrite, but what follows the committed audio is a real word of its own (80 ms long): kept.
+    la = LocalAgreement()
+    first = [Word(0.0, 0.76, "And"), Word(0.76, 1.04, "so"), Word(1.04, 1.40, "my")]
+    la.insert(first, 2.0)
+    assert [w.text for w in la.insert(first, 2.5)] == ["And", "so", "my"]
+    la.insert([Word(0.0, 0.76, "And"), Word(0.76, 1.04, "so"), Word(1.04, 1.40, "am"), Word(1.40, 1.48, "a"),
+               Word(1.48, 1.9, "fellow")], 3.0)
+    assert [w.text for w in la.flush()] == ["a", "fellow"]
+
+
 def test_one_recurring_word_is_not_an_anchor():
     # Committed "that is that"; the next decode rewrites the last "that" as "than". "that" alone recurs 0.5 s
     # earlier: anchored there, "is than" would be committed a second time. Two words are the least anchor.
