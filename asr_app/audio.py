@@ -127,7 +127,9 @@ class AudioFileReader:
 
     def _read_block(self) -> None:
         try:
-            block = self._file.read(int(self.BLOCK_S * self.rate), dtype="float32", always_2d=True)
+            # BLOCK_S of mono audio per block, in samples over all channels: memory stays bounded whatever the count
+            frames = max(1, int(self.BLOCK_S * self.rate) // max(1, self._file.channels))
+            block = self._file.read(frames, dtype="float32", always_2d=True)
         except (sf.LibsndfileError, RuntimeError) as exc:
             raise _sndfile_error(self.path, exc) from exc
         last = block.shape[0] == 0 or self._file.tell() >= self._file.frames

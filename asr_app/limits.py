@@ -29,6 +29,8 @@ class ServiceLimits:
     max_session_s: float = 4 * 3600.0  # audio one live session may send in total
     max_upload_mb: float = 200.0
     max_upload_s: float = 2 * 3600.0  # decoded duration of one upload
+    max_channels: int = 8             # of an upload (7.1 sound has 8); each is read before the downmix
+    max_requests: int = 32            # API transcriptions at once; the next one is told the service is busy
     max_sessions: int = 16            # live sessions at once; the next one is told the service is busy
     request_timeout_s: float = 600.0  # one API request, queueing included
 
@@ -40,8 +42,9 @@ class ServiceLimits:
                      "request_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.max_sessions < 1:
-            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        for name in ("max_sessions", "max_channels", "max_requests"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     def check_rate(self, rate: object) -> int:
         """The sample rate as an int, or a refusal (before any resampling: a claimed 1 Hz would expand a
@@ -84,6 +87,9 @@ class ServiceLimits:
         if info.frames <= 0 or info.samplerate <= 0:
             raise LimitExceeded("the upload holds no audio")
         self.check_rate(info.samplerate)
+        if info.channels > self.max_channels:   # a few KB of a 255-channel Vorbis file decode to 0.5 GB per block
+            raise LimitExceeded(f"the upload has {info.channels} channels; at most {self.max_channels} are accepted "
+                                "(mix it down to mono or stereo)")
         duration = info.frames / info.samplerate
         if duration > self.max_upload_s:
             raise LimitExceeded(f"the upload is {spoken_duration(duration)} of audio; at most "

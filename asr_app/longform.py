@@ -84,6 +84,7 @@ class _LongForm:
         self.results: list[DecodingResult] = []
         self.started = time.perf_counter()
         self.temperatures: list[float] = []  # the temperature each decoded window was finally decoded at
+        self.window_seeks: list[int] = []   # ... and where that window starts, in the segments' `seek` frames
         self.fallbacks = 0                   # extra decodes made by the temperature fallback
         self.prompt_from = 0                 # segments before this index are not used as prompt
         self.prompt_retries = 0              # windows decoded again without the prompt (no-speech rule)
@@ -226,6 +227,7 @@ def _with_fallback(decoder: Decoder, job: _LongForm, result: DecodingResult, dec
     if len(attempts) > 1 and needs_fallback(result, options):
         result, temperature = _best_attempt(attempts, options)
     job.temperatures.append(temperature)
+    job.window_seeks.append(job.seek * MEL_FRAMES_PER_SECOND // SAMPLE_RATE)
     return result
 
 
@@ -456,7 +458,8 @@ def _finish(job: _LongForm, decoder: Decoder, decoding: DecodingOptions) -> Tran
         timings={"load_s": round(job.load_s, 4), "decode_s": round(job.decode_s, 4),
                  "total_s": round(total, 4), "rtf": round(job.decode_s / duration, 4) if duration else 0.0},
         stats={**(_aggregate_stats(job.results) if job.results else {"mode": decoding.mode, "windows": 0}), "temperature_fallbacks": job.fallbacks, "prompt_retries": job.prompt_retries,
-               "window_temperatures": job.temperatures, "language_probability": language_probability},
+               "window_temperatures": job.temperatures, "window_seeks": job.window_seeks,
+               "language_probability": language_probability},
     )
 
 

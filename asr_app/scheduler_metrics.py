@@ -18,12 +18,20 @@ class RecentLatencies:
 
     def __init__(self, window: int, kinds: Iterable[str]) -> None:
         self._by_kind = {kind: deque(maxlen=window) for kind in kinds}
+        self._count = dict.fromkeys(self._by_kind, 0)     # every request ever, for counters that only grow
+        self._sum = dict.fromkeys(self._by_kind, 0.0)
 
     def record(self, kind: str, seconds: float) -> None:
         self._by_kind[kind].append(seconds)
+        self._count[kind] += 1
+        self._sum[kind] += seconds
 
     def snapshot(self) -> dict[str, list[float]]:
         return {kind: list(values) for kind, values in self._by_kind.items()}
+
+    def totals(self) -> tuple[dict[str, int], dict[str, float]]:
+        """(requests, their summed seconds) per kind, since the start."""
+        return dict(self._count), dict(self._sum)
 
 
 @dataclass
@@ -40,6 +48,8 @@ class SchedulerMetrics:
     drafted: int = 0
     accepted: int = 0
     latencies: dict[str, list[float]] = field(default_factory=dict)  # priority name -> recent seconds
+    latency_count: dict[str, int] = field(default_factory=dict)    # priority name -> requests since the start
+    latency_sum: dict[str, float] = field(default_factory=dict)    # ... and their summed seconds
     sizer: dict[str, dict[int, float]] = field(default_factory=dict)   # cost class -> batch size -> s per row
     resent: int = 0      # rows sent again after the decoder replica holding them was lost (--engine ray)
     trims: int = 0       # times freed memory was given back to the system after an idle spell

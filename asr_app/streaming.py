@@ -23,6 +23,7 @@ import abc
 import dataclasses
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -43,6 +44,7 @@ EDGE_S = 0.3  # local-agreement: agreed words must end this far before the buffe
 # word ("and", "that") recurs nearby, and a wrong anchor would repeat words or drop them.
 ANCHOR_WORDS = (3, 2)
 ANCHOR_S = 0.6
+STEP_HISTORY = 4096   # decodes kept for statistics (20 min at one every 0.3 s); older ones are only counted
 # Rewritten committed words, no anchor: a word of the new hypothesis that ends at most this far past the last
 # committed word's end has no audio of its own beyond what is committed (three 20 ms alignment frames). It is
 # the committed audio heard as other words ("my" heard again as "am I", the "I" at that end, zero-long), not new.
@@ -324,7 +326,8 @@ class StreamingProcessor:
         self.vad = SpeechDetector() if options.vad_filter else None
         self.agreement = commit_policy(options.policy, options.frontier_s, options.edge_s)
         self.committed: list[Word] = []
-        self.steps: list[StepRecord] = []
+        self.steps: deque[StepRecord] = deque(maxlen=STEP_HISTORY)   # the newest decodes (a stream may run for hours)
+        self.compute_s = 0.0              # time spent decoding, over the whole stream
         self._buffer = np.zeros(0, dtype=np.float32)
         self._buffer_start = 0.0          # stream time of the buffer's first sample
         self._received = 0                # samples received in total
@@ -479,6 +482,7 @@ class StreamingProcessor:
         started = time.perf_counter()
         words, segments, silent, stats = self._hypothesis()
         compute = time.perf_counter() - started
+        self.compute_s += compute
         acceptance = stats.acceptance_rate if stats is not None and stats.drafted else None
         self.steps.append(StepRecord(self._buffer_start, self._buffer_start + self.buffer_seconds, compute, silent,
                                      acceptance, stats.hinted if stats else 0, stats.hint_accepted if stats else 0,

@@ -229,3 +229,22 @@ def test_energy_gate_on_silence_noise_and_speech():
     blip = np.zeros(16_000, dtype=np.float32)
     blip[4800:5280] = 0.1
     assert not is_silent(blip)
+
+
+def test_a_many_channel_file_is_read_in_blocks_bounded_in_samples_not_frames(tmp_path):
+    """Each read takes BLOCK_S of mono audio in samples over all channels: a 16-channel file is read in blocks of
+    a sixteenth of the frames, so one block never holds more than a mono block would (and the downmix is right)."""
+    speech, rate = sf.read(str(lj_clip("LJ001-0002")), dtype="float32")
+    path = tmp_path / "sixteen.wav"
+    sf.write(path, np.repeat(speech[:, None], 16, axis=1), rate, subtype="FLOAT")
+    reader = AudioFileReader(path)
+    read, sizes = reader._file.read, []
+    reader._file = types.SimpleNamespace(
+        read=lambda frames, **kw: sizes.append(frames) or read(frames, **kw),
+        tell=reader._file.tell, frames=reader._file.frames, channels=16, close=reader._file.close)
+    audio = reader.window(0, reader.samples)
+    reader.close()
+    assert sizes and max(sizes) * 16 <= AudioFileReader.BLOCK_S * rate
+    expected = soxr.resample(speech, rate, 16_000) if rate != 16_000 else speech
+    assert audio.shape[0] == pytest.approx(expected.shape[0], abs=2)
+    assert np.abs(audio[:1000] - expected[:1000]).max() < 1e-3

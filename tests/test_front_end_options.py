@@ -233,7 +233,7 @@ class FakeRay:
 class FakeProcessor:
     def __init__(self, decoder, options, recorder):
         recorder.put("streaming", options)
-        self.steps, self.audio_seconds, self.prompt_retries = [], 0.0, 0
+        self.compute_s, self.audio_seconds, self.prompt_retries = 0.0, 0.0, 0
 
     def insert_audio(self, block):
         self.audio_seconds += len(block) / 16000

@@ -166,6 +166,8 @@ def test_concurrent_requests_share_batches_and_match_one_at_a_time(service):
     ("empty.wav", b"", 400, "empty"),
     ("notes.txt", b"hello, this is not audio", 400, "not an audio file"),
     ("long.wav", wav_bytes(np.zeros(8_000 * 90, np.int16), 8_000), 413, "90 s of audio; at most 60 s"),
+    # each channel is read before the downmix: a few KB of a 255-channel file would be 0.5 GB per block
+    ("surround.wav", wav_bytes(np.zeros((16_000, 12), np.int16), 16_000), 400, "has 12 channels; at most 8"),
     # 3.84 MB: refused while it arrives, with the bound the server was given (--max-upload-mb 3)
     ("big.wav", wav_bytes(np.zeros(16_000 * 120, np.int16), 16_000), 413,
      "the upload is larger than the 3 MB that is accepted"),
@@ -402,6 +404,16 @@ def test_live_refuses_bad_rates_and_sessions_beyond_the_limit(service):
 
     kinds = asyncio.run(crowd())
     assert kinds[:3] == ["ready", "ready", "error"] and "live sessions are in use" in kinds[3]
+
+    async def hot() -> tuple[dict, int]:   # a query value FastAPI would refuse with a bare HTTP 403
+        uri = f"{url.replace('http', 'ws')}/v1/live?sample_rate=16000&temperature=hot"
+        async with connect(uri, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+            first = json.loads(await ws.recv())
+            with pytest.raises(ConnectionClosed) as closed:
+                await ws.recv()
+            return first, closed.value.rcvd.code
+
+    assert asyncio.run(hot()) == ({"kind": "error", "message": "temperature 'hot' is not a number"}, 1008)
     # Both left without a stop: their places are free again.
     assert asyncio.run(_stream(url, lj_clip("LJ001-0002")))[-1]["kind"] == "done"
     assert healthy(url)
@@ -649,3 +661,125 @@ def test_a_flush_answers_within_the_request_timeout(tiny_en_pair):
     assert any(e.get("command") == "flush" and "not decoded within 0.02 s" in e["message"] for e in errors), events
     assert "flushed" not in [e["kind"] for e in events]
     assert events[-1]["kind"] == "done" and "fellow Americans" in events[-1]["text"], events[-1]
+
+
+def _one_second_upload() -> bytes:
+    samples, rate = sf.read(str(LJ_LIVE), dtype="float32")
+    return wav_bytes(samples[:rate], rate)
+
+
+def test_transcriptions_past_max_requests_are_busy_and_health_answers_meanwhile(tiny_en_pair):
+    """Each transcription holds a thread of its own, never one of the event loop's shared pool (40 threads): with
+    the decoder held, 45 uploads at once leave /health answering at once; those past --max-requests (41 here)
+    get a 503 that names the bound, and the others finish once the decoder is free."""
+    import httpx
+
+    from asr_app.limits import ServiceLimits
+    from asr_app.ui.engine import UiEngine
+
+    engine = UiEngine(pair=tiny_en_pair, limits=ServiceLimits(max_requests=41))
+    body = _one_second_upload()
+    with in_process_server(engine) as port, ThreadPoolExecutor(45) as pool:
+        url = f"http://127.0.0.1:{port}"
+
+        def upload() -> httpx.Response:
+            return httpx.post(url + "/v1/audio/transcriptions", files={"file": ("a.wav", body)},
+                              data={"model": "whisper-1"}, timeout=300)
+
+        with engine.scheduler.hold():
+            answers = [pool.submit(upload) for _ in range(45)]
+            deadline = time.monotonic() + 60
+            while (running := httpx.get(url + "/health", timeout=5).json()["requests"]) < 41:
+                assert time.monotonic() < deadline, f"{running} of 41 transcriptions started"
+                time.sleep(0.2)
+            while sum(a.done() for a in answers) < 4:   # those past the bound are answered at once, not queued
+                assert time.monotonic() < deadline, "the uploads past --max-requests were not answered"
+                time.sleep(0.2)
+            started = time.monotonic()
+            assert httpx.get(url + "/metrics", timeout=5).status_code == 200
+            assert time.monotonic() - started < 2
+            early = [a.result().status_code for a in answers if a.done()]
+        statuses = sorted(a.result(timeout=300).status_code for a in answers)
+    assert early == [503] * 4 and statuses == [200] * 41 + [503] * 4, (early, statuses)
+    busy = [a.result().json()["error"]["message"] for a in answers if a.result().status_code == 503]
+    assert all("41 transcriptions are running (--max-requests)" in m for m in busy), busy
+
+
+def test_a_client_that_leaves_cancels_its_transcription(tiny_en_pair):
+    """A client that disconnects while its upload waits for the decoder: its window leaves the queue and nothing
+    of it is decoded (before, the server transcribed the whole file for nobody, and an SDK's retries thrice)."""
+    import httpx
+
+    from asr_app.ui.engine import UiEngine
+
+    engine = UiEngine(pair=tiny_en_pair)
+    with in_process_server(engine) as port:
+        url = f"http://127.0.0.1:{port}"
+        with engine.scheduler.hold():
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(url + "/v1/audio/transcriptions", files={"file": ("a.wav", _one_second_upload())},
+                           data={"model": "whisper-1"}, timeout=httpx.Timeout(30, read=1.0))
+            deadline = time.monotonic() + 10
+            while httpx.get(url + "/health", timeout=5).json()["requests"]:
+                assert time.monotonic() < deadline, "the transcription went on after its client left"
+                time.sleep(0.1)
+            assert engine.scheduler.metrics().queue_depth == 0
+        time.sleep(0.5)
+        assert engine.scheduler.metrics().rows == 0
+
+
+def test_a_fault_of_the_service_is_a_500_that_gives_nothing_away(tiny_en_pair, monkeypatch, caplog):
+    """Not the audio's fault (here a decoder that breaks: a bug, a device error): a 500, which SDKs retry, with a
+    sentence that gives no detail away; the error and its traceback go to the log."""
+    import logging
+
+    import httpx
+
+    import asr_app.serve.api as api
+    from asr_app.ui.engine import UiEngine
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("CUDA error: illegal memory access at /srv/models/secret")
+
+    monkeypatch.setattr(api, "transcribe", broken)
+    with caplog.at_level(logging.ERROR, logger="asr_app.serve.api"), \
+            in_process_server(UiEngine(pair=tiny_en_pair)) as port:
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/audio/transcriptions", timeout=60,
+                            files={"file": ("a.wav", _one_second_upload())}, data={"model": "whisper-1"})
+    assert answer.status_code == 500, answer.text
+    message = answer.json()["error"]["message"]
+    assert "the service failed" in message and "secret" not in message and "CUDA" not in message, message
+    logged = [r for r in caplog.records if r.exc_info and "illegal memory access" in str(r.exc_info[1])]
+    assert logged, [r.getMessage() for r in caplog.records]
+
+
+def test_a_live_client_that_sends_nothing_has_its_session_ended(tiny_en_pair):
+    """A WebSocket that sends neither audio nor a command for the idle bound (1 s here) is told so, gets its text
+    so far and `done`, and gives its place back: an idle socket no longer holds a session's memory."""
+    from asr_app.sessions import SessionRegistry
+    from asr_app.ui.engine import UiEngine
+
+    engine = UiEngine(pair=tiny_en_pair, sessions=SessionRegistry(2, idle_s=1.0))
+
+    async def silent(port: int) -> list[dict]:
+        async with connect(f"ws://127.0.0.1:{port}/v1/live?sample_rate=16000") as ws:
+            return [json.loads(message) async for message in ws]
+
+    with in_process_server(engine) as port:
+        events = asyncio.run(asyncio.wait_for(silent(port), 60))
+        assert len(engine.sessions) == 0
+    assert events[0]["kind"] == "ready" and events[-1] == {"kind": "done", "text": ""}, events
+    assert {"kind": "error", "message": "no audio or command for 1 s: the session ends"} in events
+
+
+def test_verbose_json_gives_each_segment_its_own_windows_temperature():
+    from asr_app.decoding.options import Segment
+    from asr_app.serve.api import TranscriptionRequest, verbose
+    from asr_app.transcript import Transcript
+
+    segments = [Segment(0.0, 4.0, " One.", [1], seek=0), Segment(4.0, 29.0, " Two.", [2], seek=0),
+                Segment(30.0, 33.0, " Three.", [3], seek=3000)]
+    transcript = Transcript("a.wav", 33.0, "One. Two. Three.", segments, "en", "exact",
+                            stats={"window_temperatures": [0.0, 0.4], "window_seeks": [0, 3000]})
+    request = TranscriptionRequest("transcribe", "whisper-1", None, None, "verbose_json", 0.0, (), False, None)
+    assert [s["temperature"] for s in verbose(request, transcript)["segments"]] == [0.0, 0.0, 0.4]

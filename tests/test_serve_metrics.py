@@ -16,7 +16,8 @@ def test_every_scheduler_figure_is_exported_under_its_own_name():
                                accepted=15, trims=6, gathers=8, gather_s=0.75, resent=9, workspaces=11,
                                workspace_rows=13, workspace_evictions=17, graph_evictions=19, graph_captures=23,
                                graph_capture_s=2.25, rows_per_batch={1: 1, 2: 1, 4: 1},
-                               latencies={"live": [0.5, 1.5], "file": []})
+                               latencies={"live": [0.5, 1.5], "file": []}, latency_count={"live": 5000, "file": 0},
+                               latency_sum={"live": 2500.0, "file": 0.0})
     engine = SimpleNamespace(scheduler=SimpleNamespace(metrics=lambda: figures), sessions={"a": 1, "b": 2})
     text = metrics_text(engine, {"2xx": 5, "4xx": 3}).decode()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -35,4 +36,17 @@ def test_every_scheduler_figure_is_exported_under_its_own_name():
     assert {name: plain.get(name) for name in expected} == expected
     assert samples[("asr_batches_by_rows", (("rows", "4"),))] == 1
     assert samples[("asr_http_responses_total", (("status", "4xx"),))] == 3
-    assert samples[("asr_request_latency_seconds_count", (("kind", "live"),))] == 2
+    # the summary counts every request since the start (a counter), not the recent window the quantiles read
+    assert samples[("asr_request_latency_seconds_count", (("kind", "live"),))] == 5000
+    assert samples[("asr_request_latency_seconds_sum", (("kind", "live"),))] == 2500.0
+    assert ("asr_request_latency_seconds_count", (("kind", "file"),)) not in samples
+
+
+def test_latency_totals_keep_growing_past_the_recent_window():
+    from asr_app.scheduler_metrics import RecentLatencies
+
+    recent = RecentLatencies(window=2, kinds=("live", "file"))
+    for seconds in (1.0, 2.0, 4.0):
+        recent.record("live", seconds)
+    assert recent.snapshot() == {"live": [2.0, 4.0], "file": []}
+    assert recent.totals() == ({"live": 3, "file": 0}, {"live": 7.0, "file": 0.0})

@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         for block in source:
             processor.insert_audio(block)
             new = processor.process()
-            events.extend(new)
+            if args.stats:   # kept only for the statistics: a microphone may stream for hours
+                events.extend(new)
             printer(new, processor.audio_seconds)
     except KeyboardInterrupt:
         pass  # stop listening; the words still in the buffer are flushed below
@@ -234,8 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     printer.close()
     overflows = report_overflows(source)
     if args.stats:
-        compute = sum(s.compute_s for s in processor.steps)
-        report = latency_report(events, processor.audio_seconds, compute)
+        report = latency_report(events, processor.audio_seconds, processor.compute_s)
         report["audio_s"] = round(processor.audio_seconds, 2)
         report["microphone_overflows"] = overflows
         report["prompt_retries"] = processor.prompt_retries

@@ -23,11 +23,12 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from asr_app.audio import AudioLoadError
 from asr_app.decoding.text import compression_ratio
 from asr_app.languages import LANGUAGES
 from asr_app.limits import LimitExceeded
 from asr_app.longform import TranscribeOptions, transcribe
-from asr_app.scheduler import SchedulerBusy, SchedulerClosed
+from asr_app.scheduler import ClientGone, RequestLimits, SchedulerBusy, SchedulerClosed
 from asr_app.serve.security import AccessSettings, Refusal, require_key
 from asr_app.transcript import Transcript
 from asr_app.ui.engine import UiEngine
@@ -71,16 +72,79 @@ def model_entry(name: str) -> dict:
     return {"id": name, "object": "model", "created": 0, "owned_by": "asr-app"}
 
 
-def build_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
+class RequestSlots:
+    """At most `limit` transcriptions at once, each on a thread of its own: never on the event loop's shared pool,
+    which /health, /metrics, uploads and the live sessions' stop and flush need (40 long uploads there would
+    hang them all). The next one is refused as busy, before its upload is spooled."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.running = limit, 0
+        self._lock = threading.Lock()
+
+    def take(self) -> None:
+        with self._lock:
+            if self.running >= self.limit:
+                raise Refusal(503, f"the service is busy: {self.limit} transcriptions are running (--max-requests); "
+                                   "try again shortly", "server_busy")
+            self.running += 1
+
+    def give(self) -> None:
+        with self._lock:
+            self.running -= 1
+
+
+def in_own_thread(outcome: asyncio.Future, folder: Path, slots: RequestSlots, work, *args) -> None:
+    """`work(*args)` on a thread of its own; its result or error resolves `outcome` (on its loop). The upload's
+    folder is removed and the slot given back when it ends, whoever is still waiting."""
+    loop = outcome.get_loop()
+
+    def settle(value: object, failed: bool) -> None:
+        if not outcome.done():
+            outcome.set_exception(value) if failed else outcome.set_result(value)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            loop.call_soon_threadsafe(settle, work(*args), False)
+        except BaseException as exc:  # noqa: BLE001 - handed to the request, which answers it
+            loop.call_soon_threadsafe(settle, exc, True)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+            slots.give()
+
+    threading.Thread(target=run, name="asr-serve-request", daemon=True).start()
+
+
+async def until_done_or_gone(outcome: asyncio.Future, request: Request, bounds: RequestLimits):
+    """The transcription's result; a client that disconnects meanwhile cancels it (at its next window). The body
+    is read by now, so the only message left to receive is the client's going away. (Starlette's
+    `is_disconnected` looks without waiting, and behind this app's layers it never saw a closed socket.)"""
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait([outcome, gone], return_when=asyncio.FIRST_COMPLETED)
+        if not outcome.done():
+            bounds.cancelled.set()   # type: ignore[union-attr]
+        return await outcome
+    finally:
+        gone.cancel()
+        if not outcome.done():   # this handler was cancelled: nobody reads the result
+            bounds.cancelled.set()   # type: ignore[union-attr]
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def build_router(engine: UiEngine, access: AccessSettings, slots: RequestSlots) -> APIRouter:
     router = APIRouter()
 
     @router.get("/v1/models")
-    def list_models(request: Request) -> dict:
+    async def list_models(request: Request) -> dict:
         require_key(access, request)
         return {"object": "list", "data": [model_entry(i) for i in (model_id(engine), *OPENAI_MODEL_ALIASES)]}
 
     @router.get("/v1/models/{name:path}")
-    def retrieve_model(request: Request, name: str) -> dict:
+    async def retrieve_model(request: Request, name: str) -> dict:
         require_key(access, request)
         if name not in (model_id(engine), *OPENAI_MODEL_ALIASES):
             raise unknown_model(engine, name)
@@ -96,26 +160,29 @@ def build_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
                                    response_format, base.temperature if temperature is None else temperature,
                                    tuple(granularities or ()), stream, mode)
         check_request(engine, req)
+        bounds = RequestLimits(engine.limits.request_timeout_s, threading.Event())
+        slots.take()   # given back by the transcription's thread, or below when it never starts
         folder = Path(tempfile.mkdtemp(prefix="asr_serve_"))
         try:
             path = await spool(file, folder, engine)
             await run_in_threadpool(_checked_duration, engine, path)
-        except LimitExceeded as exc:
+        except BaseException as exc:
             shutil.rmtree(folder, ignore_errors=True)
-            raise refusal_for(exc) from None
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
+            slots.give()
+            if isinstance(exc, LimitExceeded):
+                raise refusal_for(exc) from None
             raise
         if req.stream:
-            return StreamingResponse(stream_events(engine, req, path, folder), media_type="text/event-stream")
+            return StreamingResponse(stream_events(engine, req, path, folder, bounds, slots),
+                                     media_type="text/event-stream")
+        outcome = asyncio.get_running_loop().create_future()
+        in_own_thread(outcome, folder, slots, run_transcription, engine, req, path, None, bounds)
         try:
-            transcript = await run_in_threadpool(run_transcription, engine, req, path, None, None)
+            transcript = await until_done_or_gone(outcome, request, bounds)
         except Exception as exc:  # noqa: BLE001 - every failure is an answer, never a traceback
             refusal = refusal_for(exc)
-            log_refusal(refusal, "transcription refused")
+            log_refusal(refusal, "transcription refused", exc)
             raise refusal from None
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
         return render(req, transcript)
 
     @router.post("/v1/audio/transcriptions")
@@ -185,11 +252,14 @@ def spool_name(filename: str | None) -> str:
 async def spool(file: UploadFile, folder: Path, engine: UiEngine) -> Path:
     """The upload into `folder`, counting bytes as they come (refused past the limit, nothing kept)."""
     path, size = folder / spool_name(file.filename), 0
-    with path.open("wb") as out:
-        while chunk := await file.read(SPOOL_CHUNK):
-            size += len(chunk)
-            engine.limits.check_upload_bytes(size, complete=False)
-            out.write(chunk)
+    try:
+        with path.open("wb") as out:
+            while chunk := await file.read(SPOOL_CHUNK):
+                size += len(chunk)
+                engine.limits.check_upload_bytes(size, complete=False)
+                out.write(chunk)
+    finally:
+        await file.close()   # the form's own copy: the upload is not kept on disk twice while it is transcribed
     if size == 0:
         raise LimitExceeded("the uploaded file is empty")
     return path
@@ -200,14 +270,13 @@ def _checked_duration(engine: UiEngine, path: Path) -> float:
 
 
 def run_transcription(engine: UiEngine, req: TranscriptionRequest, path: Path, on_segments,
-                      cancelled: threading.Event | None) -> Transcript:
+                      bounds: RequestLimits) -> Transcript:
+    """The upload at `path`, window by window through the scheduler; `bounds` (one deadline for the whole
+    request, and the client's going away) end it at its next decode."""
     options = decoding_options(engine, req)
-    decoder = engine.scheduler.client(options, timeout_s=engine.limits.request_timeout_s,
-                                      session=f"api-{id(path)}")
+    decoder = engine.scheduler.client(options, session=f"api-{id(path)}", limits=bounds)
 
     def hook(segments):
-        if cancelled is not None and cancelled.is_set():
-            raise ConnectionAbortedError("the client went away")
         if on_segments is not None:
             on_segments(segments)
 
@@ -218,13 +287,12 @@ def run_transcription(engine: UiEngine, req: TranscriptionRequest, path: Path, o
     return transcript
 
 
-async def stream_events(engine: UiEngine, req: TranscriptionRequest, path: Path, folder: Path) -> AsyncIterator[str]:
+async def stream_events(engine: UiEngine, req: TranscriptionRequest, path: Path, folder: Path,
+                        bounds: RequestLimits, slots: RequestSlots) -> AsyncIterator[str]:
     """Server-sent events as OpenAI streams a transcription: a `transcript.text.delta` per finished window's
     text, then `transcript.text.done` with the whole text."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
-    cancelled = threading.Event()
-
     started = False
 
     def on_segments(segments) -> None:
@@ -238,17 +306,14 @@ async def stream_events(engine: UiEngine, req: TranscriptionRequest, path: Path,
 
     def work() -> None:
         try:
-            transcript = run_transcription(engine, req, path, on_segments, cancelled)
+            transcript = run_transcription(engine, req, path, on_segments, bounds)
             loop.call_soon_threadsafe(queue.put_nowait, ("done", transcript.text))
         except Exception as exc:  # noqa: BLE001 - reported in the stream
             refusal = refusal_for(exc)
-            log_refusal(refusal, "streamed transcription ended")
+            log_refusal(refusal, "streamed transcription ended", exc)
             loop.call_soon_threadsafe(queue.put_nowait, ("error", refusal))
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
 
-    worker = threading.Thread(target=work, name="asr-serve-stream", daemon=True)
-    worker.start()
+    in_own_thread(loop.create_future(), folder, slots, work)
     try:
         while True:
             kind, value = await queue.get()
@@ -261,15 +326,20 @@ async def stream_events(engine: UiEngine, req: TranscriptionRequest, path: Path,
                 yield _sse({"type": "error", "error": {"message": value.message, "code": value.status}})
                 return
     finally:
-        cancelled.set()   # a client that left stops the transcription at its next window
+        bounds.cancelled.set()   # type: ignore[union-attr]  # a client that left stops it at its next window
 
 
 def _sse(payload: dict) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
 
+CLIENT_GONE = 499   # nginx's "client closed request": nobody reads it, the log and /metrics do
+
+
 def refusal_for(exc: BaseException) -> Refusal:
-    """A transcription error as the answer the client gets (never a traceback, never a server path)."""
+    """A transcription error as the answer the client gets (never a traceback, never a server path): the
+    audio's fault is a 4xx that says what is wrong with it; the service's own trouble a 5xx that says only that
+    (its details go to the log)."""
     if isinstance(exc, Refusal):
         return exc
     if isinstance(exc, LimitExceeded):
@@ -279,6 +349,11 @@ def refusal_for(exc: BaseException) -> Refusal:
             return Refusal(503, f"the service is busy: {cause}", "server_busy")
         if isinstance(cause, SchedulerClosed):
             return Refusal(503, "the service is shutting down", "server_busy")
+        if isinstance(cause, ClientGone):
+            return Refusal(CLIENT_GONE, "the client went away", "client_gone")
+    if not any(isinstance(cause, AudioLoadError) for cause in _causes(exc)):
+        return Refusal(500, "the service failed while transcribing this upload (its log says why); the audio may "
+                            "be fine, try again", "server_error")
     message = str(exc).split("\n")[0]
     marker = tempfile.gettempdir() + "/"
     while marker in message:   # "/tmp/asr_serve_x/a.wav" -> "a.wav"
@@ -287,15 +362,15 @@ def refusal_for(exc: BaseException) -> Refusal:
     return Refusal(400, f"the audio could not be transcribed: {message}")
 
 
-def log_refusal(refusal: Refusal, what: str) -> None:
+def log_refusal(refusal: Refusal, what: str, exc: BaseException | None = None) -> None:
     """Bad input at INFO; the service too busy at WARNING (an overload, not a fault); any other 5xx at ERROR
-    with its traceback."""
-    if refusal.status < 500:
+    with the error's traceback."""
+    if refusal.status < 500 or refusal.status == CLIENT_GONE:
         log.info("%s: %s", what, refusal.message)
     elif refusal.code == "server_busy":
         log.warning("%s: %s", what, refusal.message)
     else:
-        log.error("%s: %s", what, refusal.message, exc_info=True)
+        log.error("%s: %s", what, refusal.message, exc_info=exc or True)
 
 
 def _causes(exc: BaseException) -> list[BaseException]:
@@ -324,12 +399,13 @@ def verbose(req: TranscriptionRequest, transcript: Transcript) -> dict:
     """OpenAI's verbose_json: language by name, duration, segments, and words when asked for. avg_logprob and
     no_speech_prob are kept per 30 s window here, not per segment: they are null in each segment."""
     language = "english" if req.task == "translate" else LANGUAGES.get(transcript.language or "", "")
-    temperatures = transcript.stats.get("window_temperatures") or [req.temperature]
+    # each segment at the temperature its own window was finally decoded at (a fallback is per window)
+    temperatures = dict(zip(transcript.stats.get("window_seeks", ()), transcript.stats.get("window_temperatures", ())))
     body: dict = {"task": req.task, "language": language, "duration": transcript.duration,
                   "text": transcript.text.strip()}
     if "word" not in req.granularities or "segment" in req.granularities or not req.granularities:
         body["segments"] = [{"id": i, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text,
-                             "tokens": list(s.tokens), "temperature": float(max(temperatures)),
+                             "tokens": list(s.tokens), "temperature": float(temperatures.get(s.seek, req.temperature)),
                              "avg_logprob": None, "compression_ratio": round(compression_ratio(s.text), 3),
                              "no_speech_prob": None}
                             for i, s in enumerate(transcript.segments)]

@@ -17,7 +17,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asr_app.limits import LimitExceeded
-from asr_app.serve.api import build_router, model_id, refusal_for
+from asr_app.serve.api import RequestSlots, build_router, model_id, refusal_for
 from asr_app.serve.live import build_live_router
 from asr_app.serve.metrics import metrics_text
 from asr_app.serve.security import (
@@ -129,22 +129,26 @@ def build_app(engine: UiEngine, access: AccessSettings = AccessSettings(), mount
         app.add_middleware(CORSMiddleware, allow_origins=list(access.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
 
+    slots = RequestSlots(engine.limits.max_requests)
+
+    # async, as every quick answer here: on the event loop, never queued behind work on a thread pool
     @app.get("/health")
-    def health() -> dict:
+    async def health() -> dict:
         m = engine.scheduler.metrics()
         answer = {"status": "ok", "model": model_id(engine), "queue_depth": m.queue_depth,
-                  "live_sessions": len(engine.sessions), "max_sessions": engine.limits.max_sessions}
+                  "live_sessions": len(engine.sessions), "max_sessions": engine.limits.max_sessions,
+                  "requests": slots.running, "max_requests": slots.limit}
         if hasattr(engine.scheduler, "figures_age_s"):   # --engine ray: the replicas' figures are this old
             age = engine.scheduler.figures_age_s
             answer["figures_age_s"] = None if age is None else round(age, 1)
         return answer
 
     @app.get("/metrics")
-    def metrics(request: Request) -> Response:
+    async def metrics(request: Request) -> Response:
         require_key(access, request)
         return PlainTextResponse(metrics_text(engine, answers), media_type="text/plain; version=0.0.4")
 
-    app.include_router(build_router(engine, access))
+    app.include_router(build_router(engine, access, slots))
     app.include_router(build_live_router(engine, access))
     _answer_unknown_api_paths(app)   # after the API's own routes, before the web app's mount
     if mount_ui:

@@ -27,13 +27,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                         help="allow browser pages from ORIGIN to call the API (repeatable; off by default)")
     parser.add_argument("--max-sessions", type=int, default=16, help="live sessions at once (default 16)")
+    parser.add_argument("--max-requests", type=int, default=32,
+                        help="API transcriptions at once; the next one is answered 503, busy (default 32)")
     parser.add_argument("--max-upload-mb", type=float, default=200.0, help="largest upload in MB (default 200)")
     parser.add_argument("--max-upload-minutes", type=float, default=120.0,
                         help="longest upload in minutes of audio, read from its header (default 120)")
     parser.add_argument("--max-chunk-seconds", type=float, default=10.0,
                         help="longest live chunk in seconds (default 10)")
     parser.add_argument("--request-timeout", type=float, default=600.0,
-                        help="seconds an API request may wait for and use the decoder (default 600)")
+                        help="seconds an API request may take from its upload to its answer, queueing included "
+                             "(default 600, the openai package's own timeout)")
     parser.add_argument("--live-encoder-context", type=float, default=None, metavar="S",
                         help="live re-decodes run the encoder over their buffer plus S seconds instead of a 30 s "
                              "window (less work per re-decode on a CPU; a decode that loops is redone over the "
@@ -96,7 +99,8 @@ def _check_replica_device(device: str, gpus_per_replica: float) -> None:
 
 
 def limits_from_args(args: argparse.Namespace) -> ServiceLimits:
-    return ServiceLimits(max_sessions=args.max_sessions, max_upload_mb=args.max_upload_mb,
+    return ServiceLimits(max_sessions=args.max_sessions, max_requests=args.max_requests,
+                         max_upload_mb=args.max_upload_mb,
                          max_upload_s=args.max_upload_minutes * 60, max_chunk_s=args.max_chunk_seconds,
                          request_timeout_s=args.request_timeout)
 

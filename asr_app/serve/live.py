@@ -13,6 +13,7 @@ the client stops or goes away.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections import deque
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 ENCODINGS = {"pcm16": np.dtype("<i2"), "f32": np.dtype("<f4")}
 POLICY_VIOLATION, TRY_AGAIN_LATER = 1008, 1013
 SEND_EVERY_S = 0.05
+MAX_UNSENT_EVENTS = 2000   # events a client has not read (minutes of speech): past it the session ends
 
 
 def build_live_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
@@ -40,8 +42,10 @@ def build_live_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
 
     @router.websocket("/v1/live")
     async def live(ws: WebSocket, sample_rate: str = "16000", encoding: str = "pcm16", mode: str | None = None,
-                   temperature: float | None = None, language: str | None = None,
+                   temperature: str | None = None, language: str | None = None,
                    api_key: str | None = None) -> None:
+        # Every value is read as text and checked here: a wrong one gets the `error` event and a 1008 like any
+        # other refusal (left to FastAPI, `temperature=hot` would be an HTTP 403 at the handshake, no reason).
         if not key_matches(access.api_key, bearer(ws.headers, api_key)):
             await _refuse(ws, POLICY_VIOLATION, "missing or wrong API key")
             return
@@ -52,7 +56,7 @@ def build_live_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
             chosen = mode or (engine.base_options.mode if engine.base_options.mode in engine.modes
                               else engine.modes[0])
             base = engine.base_options   # what a client leaves out: the server's launch options
-            session = new_session(engine, chosen, base.temperature if temperature is None else temperature,
+            session = new_session(engine, chosen, base.temperature if temperature is None else _number(temperature),
                                   language or base.language or "auto")
         except SessionsFull as exc:
             await _refuse(ws, TRY_AGAIN_LATER, str(exc))
@@ -69,6 +73,16 @@ def build_live_router(engine: UiEngine, access: AccessSettings) -> APIRouter:
             engine.sessions.close(session)
 
     return router
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise LimitExceeded(f"temperature {text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise LimitExceeded(f"temperature {text!r} is not a finite number")
+    return value
 
 
 async def _refuse(ws: WebSocket, code: int, message: str) -> None:
@@ -104,8 +118,17 @@ async def _receive_audio(ws: WebSocket, engine: UiEngine, session: LiveSession, 
     """Audio frames into the session until the client stops (True) or leaves (False)."""
     limits = engine.limits
     while True:
-        message = await ws.receive()
+        try:   # a client that sends nothing for the idle bound has its session ended (its text so far, `done`)
+            message = await asyncio.wait_for(ws.receive(), engine.sessions.idle_s)
+        except TimeoutError:
+            await ws.send_json({"kind": "error", "message": f"no audio or command for {engine.sessions.idle_s:g} s: "
+                                                            "the session ends"})
+            return True
         if message["type"] == "websocket.disconnect":
+            return False
+        if len(session.events or ()) > MAX_UNSENT_EVENTS:   # nothing more is sent to it: it would not be read
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ws.close(POLICY_VIOLATION, f"more than {MAX_UNSENT_EVENTS} events unread"), 1)
             return False
         if message.get("text") is not None:
             try:

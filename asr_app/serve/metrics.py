@@ -62,16 +62,18 @@ class SchedulerCollector:
         yield GaugeMetricFamily("asr_rows_per_batch", "Mean rows per batch",
                                 m.rows / m.batches if m.batches else 0.0)
         yield CounterMetricFamily("asr_decoder_busy_seconds", "Seconds the decoder spent decoding", m.busy_s)
-        yield CounterMetricFamily("asr_audio_seconds", "Audio seconds decoded", m.audio_s)
-        yield GaugeMetricFamily("asr_audio_seconds_per_busy_second", "Audio seconds decoded per decoder second",
+        yield CounterMetricFamily("asr_audio_seconds", "Audio seconds decoded (a live session's buffer counts again "
+                                  "at each re-decode)", m.audio_s)
+        yield GaugeMetricFamily("asr_audio_seconds_per_busy_second", "Audio seconds decoded per decoder second (live "
+                                "buffers counted at each re-decode: not the service's real-time capacity)",
                                 m.audio_s / m.busy_s if m.busy_s else 0.0)
         yield GaugeMetricFamily("asr_draft_acceptance", "Accepted draft tokens over drafted ones",
                                 m.acceptance_rate if m.acceptance_rate is not None else 0.0)
         latency = SummaryMetricFamily("asr_request_latency_seconds",
-                                      "Queueing plus decoding time of recent decode requests", labels=["kind"])
-        for kind, values in m.latencies.items():
-            if values:
-                latency.add_metric([kind], count_value=len(values), sum_value=sum(values))
+                                      "Queueing plus decoding time of decode requests", labels=["kind"])
+        for kind, count in m.latency_count.items():   # totals since the start: Prometheus reads them as counters
+            if count:
+                latency.add_metric([kind], count_value=count, sum_value=m.latency_sum.get(kind, 0.0))
         yield latency
         quantiles = GaugeMetricFamily("asr_request_latency_quantile_seconds",
                                       "Recent decode request latency quantiles", labels=["kind", "quantile"])

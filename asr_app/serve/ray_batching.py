@@ -87,6 +87,7 @@ class ServeBatchedReplica:
 
     def snapshot(self) -> SchedulerMetrics:
         with self._lock:
+            count, total = self._latencies.totals()
             return dataclasses.replace(self.figures, rows_per_batch=dict(self.figures.rows_per_batch),
-                                       queue_depth=self._in_flight,
-                                       latencies=self._latencies.snapshot(), sizer={})
+                                       queue_depth=self._in_flight, latencies=self._latencies.snapshot(),
+                                       latency_count=count, latency_sum=total, sizer={})

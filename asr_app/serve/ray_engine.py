@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from asr_app.decoding.options import DecodingOptions, DecodingResult
-from asr_app.scheduler import FILE, ScheduledDecoder, SchedulerBusy, SchedulerClosed
+from asr_app.scheduler import FILE, RequestLimits, ScheduledDecoder, SchedulerBusy, SchedulerClosed
 from asr_app.scheduler_metrics import SchedulerMetrics
 
 log = logging.getLogger(__name__)
@@ -149,6 +149,9 @@ def merge_metrics(boards: dict[str, tuple[float, int, SchedulerMetrics]], now: f
             total.rows_per_batch[size] = total.rows_per_batch.get(size, 0) + count
         for name, values in m.latencies.items():
             total.latencies.setdefault(name, []).extend(values)
+        for name, count in m.latency_count.items():
+            total.latency_count[name] = total.latency_count.get(name, 0) + count
+            total.latency_sum[name] = total.latency_sum.get(name, 0.0) + m.latency_sum.get(name, 0.0)
     return total
 
 
@@ -316,8 +319,8 @@ class RemoteScheduler:
         return True
 
     def client(self, options: DecodingOptions | None = None, *, priority: int = FILE, session: str = "",
-               timeout_s: float | None = None) -> ScheduledDecoder:
-        return ScheduledDecoder(self, options or self.default_options, priority, session, timeout_s)
+               timeout_s: float | None = None, limits: RequestLimits | None = None) -> ScheduledDecoder:
+        return ScheduledDecoder(self, options or self.default_options, priority, session, timeout_s, limits)
 
     def metrics(self) -> SchedulerMetrics:
         figures = self._board_figures()
