@@ -183,6 +183,8 @@ def _unless_dropped_for_its_prompt(decoder: Decoder, job: _LongForm, result: Dec
     started = time.perf_counter()
     try:
         retry = decoder.decode([job.window()], sampled(decoding, [job], "without prompt"), prompts=[None])[0]
+    except ConnectionAbortedError:   # the caller went away (a server's client): nothing more is wanted
+        raise
     except Exception:  # noqa: BLE001 - the window already has a result
         return result
     finally:
@@ -217,6 +219,8 @@ def _with_fallback(decoder: Decoder, job: _LongForm, result: DecodingResult, dec
         try:
             retry = sampled(dataclasses.replace(decoding, temperature=retry_temperature), [job], "fallback")
             result = decoder.decode([job.window()], retry, prompts=[job.prompt(options)])[0]
+        except ConnectionAbortedError:   # the caller went away: nothing more is wanted
+            raise
         except Exception:  # noqa: BLE001 - the window already has a result; keep it rather than fail the file
             break
         finally:

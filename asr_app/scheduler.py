@@ -141,8 +141,8 @@ class Scheduler:
         return batch_key(options, prompt) if batch_key is not None else None
 
     def client(self, options: DecodingOptions | None = None, *, priority: int = FILE, session: str = "",
-               timeout_s: float | None = None, limits: RequestLimits | None = None) -> ScheduledDecoder:
-        return ScheduledDecoder(self, options or self.decoder.options, priority, session, timeout_s, limits)
+               timeout_s: float | None = None, cancelled: threading.Event | None = None) -> ScheduledDecoder:
+        return ScheduledDecoder(self, options or self.decoder.options, priority, session, timeout_s, cancelled)
 
     def cancel(self, future: Future) -> bool:
         """Drop a request that has not started (a caller that gave up); False once it is decoding."""
@@ -406,35 +406,23 @@ def _one_time_s(outcomes: list[DecodingResult | BaseException]) -> float:
     return max((o.stats.setup_s for o in outcomes if isinstance(o, DecodingResult)), default=0.0)
 
 
-@dataclass(frozen=True)
-class RequestLimits:
-    """Bounds on a whole request of many decodes (an API upload, window by window): a deadline for all of them,
-    and an event its front end sets when the client goes away. Either one ends the request at its next wait."""
-    timeout_s: float | None = None
-    cancelled: threading.Event | None = None
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def deadline(self) -> float | None:
-        return None if self.timeout_s is None else self.started + self.timeout_s
-
-
 CANCEL_POLL_S = 0.2   # how often a waiting request looks at its `cancelled` event
 
 
 class ScheduledDecoder:
     """A caller's view of the scheduler with its own options (the `Decoder` interface): `decode` queues one
-    request per clip and waits for them. `timeout_s` bounds each call; `limits` the caller's whole request.
-    `usage` sums this caller's decodes (a running total: bounded)."""
+    request per clip and waits for them, at most `timeout_s` per call. `cancelled`: set when the caller's own
+    client went away (a server's); a waiting call then drops its rows and raises `ClientGone`, and no further
+    call queues any. `usage` sums this caller's decodes (a running total: bounded)."""
 
     def __init__(self, scheduler: Scheduler, options: DecodingOptions, priority: int, session: str,
-                 timeout_s: float | None, limits: RequestLimits | None = None) -> None:
+                 timeout_s: float | None, cancelled: threading.Event | None = None) -> None:
         self.scheduler = scheduler
         self._options = options
         self.priority = priority
         self.session = session
         self.timeout_s = timeout_s
-        self.limits = limits or RequestLimits()
+        self.cancelled = cancelled
         self.usage: DecodingStats | None = None
 
     @property
@@ -463,9 +451,7 @@ class ScheduledDecoder:
                    for clip, p, h in zip(clips, prompts, hints)]
         # One deadline for the whole call, and a call that fails takes its queued rows with it: nobody will
         # read them, so they must not take decoder time from others.
-        call = None if self.timeout_s is None else time.monotonic() + self.timeout_s
-        deadlines = [d for d in (self.limits.deadline, call) if d is not None]
-        deadline = min(deadlines) if deadlines else None
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         try:
             results = [self._wait(f, deadline) for f in futures]
         except BaseException:
@@ -479,7 +465,7 @@ class ScheduledDecoder:
     def _wait(self, future: Future, deadline: float | None) -> DecodingResult:
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if self.limits.cancelled is not None:
+            if self.cancelled is not None:
                 remaining = CANCEL_POLL_S if remaining is None else min(remaining, CANCEL_POLL_S)
             try:
                 return future.result(remaining)
@@ -488,13 +474,8 @@ class ScheduledDecoder:
                     return future.result()
             self._check_cancelled()
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(self._timeout_message(deadline)) from None
+                raise TimeoutError(f"no decoder time within {self.timeout_s:g} s (the server is overloaded)") from None
 
     def _check_cancelled(self) -> None:
-        if self.limits.cancelled is not None and self.limits.cancelled.is_set():
+        if self.cancelled is not None and self.cancelled.is_set():
             raise ClientGone("the client went away")
-
-    def _timeout_message(self, deadline: float) -> str:
-        if deadline == self.limits.deadline:
-            return f"not transcribed within the {self.limits.timeout_s:g} s a request may take (the server is overloaded)"
-        return f"no decoder time within {self.timeout_s:g} s (the server is overloaded)"

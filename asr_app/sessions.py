@@ -282,6 +282,11 @@ class SessionRegistry:
         with self._lock:
             self._sessions.pop(session.session_id, None)
 
+    def holds(self, session: LiveSession) -> bool:
+        """Whether `session` still has its place (one idle past `idle_s` loses it when another session opens)."""
+        with self._lock:
+            return session.session_id in self._sessions
+
     def __len__(self) -> int:
         with self._lock:
             now = time.monotonic()

@@ -45,10 +45,11 @@ EDGE_S = 0.3  # local-agreement: agreed words must end this far before the buffe
 ANCHOR_WORDS = (3, 2)
 ANCHOR_S = 0.6
 STEP_HISTORY = 4096   # decodes kept for statistics (20 min at one every 0.3 s); older ones are only counted
-# Rewritten committed words, no anchor: a word of the new hypothesis that ends at most this far past the last
-# committed word's end has no audio of its own beyond what is committed (three 20 ms alignment frames). It is
-# the committed audio heard as other words ("my" heard again as "am I", the "I" at that end, zero-long), not new.
-SEAM_S = 0.06
+# Rewritten committed words, no anchor: a word of the new hypothesis with at most this much audio of its own
+# past the last committed word's end (one 20 ms alignment frame) is the committed audio heard as other words
+# ("my" heard again as "am I", the "I" zero-long at the end of "my"), not a new word; a short new word ("a",
+# 50 ms after the seam) has more.
+SEAM_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -138,9 +139,10 @@ class CommitPolicy(abc.ABC):
         anchored = self._after_anchor(hypothesis)
         if anchored is not None:
             return anchored
-        # Else fall back to time, as whisper_streaming does (but a word must also reach SEAM_S past the committed
-        # audio), then drop a repeated n-gram at the seam (the same words heard twice across the cut).
-        rest = [w for w in hypothesis if w.start > self.committed_end - 0.1 and w.end > self.committed_end + SEAM_S]
+        # Else fall back to time, as whisper_streaming does (but a word must also have more than SEAM_S of audio
+        # past the committed audio), then drop a repeated n-gram at the seam (the same words heard twice).
+        end = self.committed_end
+        rest = [w for w in hypothesis if w.start > end - 0.1 and w.end - max(w.start, end) > SEAM_S]
         committed_keys = [w.key for w in self.in_buffer]
         for n in range(min(5, len(rest), len(committed_keys)), 0, -1):
             if [w.key for w in rest[:n]] == committed_keys[-n:]:

@@ -198,3 +198,19 @@ def test_held_out_clips_decode_in_their_folders_language_when_asked(base_pair):
         decoded[how] = {k: v.get("detected_as", {k: 1}) for k, v in found.by_language.items()}
     assert decoded["detect"] == {"fr": {"es": 1}, "de": {"de": 1}}
     assert decoded["given"] == {"fr": {"fr": 1}, "de": {"de": 1}}
+
+
+def test_a_language_the_model_does_not_know_is_refused_before_any_decode(base_pair):
+    """Whisper's language list has 100 codes, base knows 99 (Cantonese came with large-v3): every entry point's
+    options refuse "yue" with a sentence, where before the decode failed on the worker (the API's 500), and the
+    web app does not offer it."""
+    from asr_app.ui.engine import UiEngine
+
+    engine = UiEngine(pair=base_pair)
+    try:
+        assert "yue" not in engine.languages and "de" in engine.languages and len(engine.languages) == 100
+        with pytest.raises(ValueError, match="language 'yue' is not one this model knows"):
+            engine.options("off", 0.0, "yue")
+        assert engine.options("off", 0.0, "German").language == "de"
+    finally:
+        engine.scheduler.close()

@@ -20,7 +20,6 @@ from asr_app.scheduler import (
     FILE,
     LIVE,
     ClientGone,
-    RequestLimits,
     Scheduler,
     SchedulerBusy,
     SchedulerOptions,
@@ -316,31 +315,17 @@ def test_the_timeout_bounds_the_whole_call_not_each_row():
         scheduler.close()
 
 
-def test_a_requests_deadline_bounds_all_its_calls_together():
-    # An upload decoded window by window: each call (0.25 s) is well within a per-call bound, but the request's
-    # 0.6 s runs out during its third call, which is refused (an API request's bound, counted from its upload).
-    scheduler = Scheduler(Scripted(delay_s=0.25), SchedulerOptions(max_rows=1))
-    client = scheduler.client(DecodingOptions(mode="off"), timeout_s=5.0, limits=RequestLimits(timeout_s=0.6))
-    try:
-        client.decode(np.zeros(1600, np.float32))
-        client.decode(np.zeros(1600, np.float32))
-        with pytest.raises(TimeoutError, match="not transcribed within the 0.6 s a request may take"):
-            client.decode(np.zeros(1600, np.float32))
-    finally:
-        scheduler.close()
-
-
 def test_a_request_whose_client_went_away_leaves_the_queue_and_queues_nothing_more():
     scheduler = Scheduler(Scripted(), SchedulerOptions(max_rows=4))
     gone = threading.Event()
-    client = scheduler.client(DecodingOptions(mode="off"), limits=RequestLimits(cancelled=gone))
+    client = scheduler.client(DecodingOptions(mode="off"), cancelled=gone)
     try:
         with scheduler.hold():   # queued, waiting for the decoder, when the client leaves
             threading.Timer(0.3, gone.set).start()
             started = time.monotonic()
             with pytest.raises(ClientGone):
                 client.decode([np.zeros(1600, np.float32)] * 2)
-            assert time.monotonic() - started < 0.3 + 2 * CANCEL_POLL_S
+            assert time.monotonic() - started < 0.3 + CANCEL_POLL_S + 1.0   # (a slow, loaded machine's margin)
             assert scheduler.metrics().queue_depth == 0
         with pytest.raises(ClientGone):   # the next window is never queued
             client.decode(np.zeros(1600, np.float32))

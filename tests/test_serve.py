@@ -753,23 +753,38 @@ def test_a_fault_of_the_service_is_a_500_that_gives_nothing_away(tiny_en_pair, m
     assert logged, [r.getMessage() for r in caplog.records]
 
 
-def test_a_live_client_that_sends_nothing_has_its_session_ended(tiny_en_pair):
-    """A WebSocket that sends neither audio nor a command for the idle bound (1 s here) is told so, gets its text
-    so far and `done`, and gives its place back: an idle socket no longer holds a session's memory."""
+def test_a_quiet_live_client_keeps_its_session_until_another_needs_the_place(tiny_en_pair):
+    """--max-sessions 1, idle bound 1 s: a WebSocket that sends nothing keeps its session while nobody needs the
+    place (push-to-talk clients are quiet for long); once a new session takes it, the quiet one is told so and
+    ended with its text so far, instead of holding its connection and memory outside the bound."""
+    from asr_app.limits import ServiceLimits
     from asr_app.sessions import SessionRegistry
     from asr_app.ui.engine import UiEngine
 
-    engine = UiEngine(pair=tiny_en_pair, sessions=SessionRegistry(2, idle_s=1.0))
+    engine = UiEngine(pair=tiny_en_pair, limits=ServiceLimits(max_sessions=1), sessions=SessionRegistry(1, 1.0))
 
-    async def silent(port: int) -> list[dict]:
-        async with connect(f"ws://127.0.0.1:{port}/v1/live?sample_rate=16000") as ws:
-            return [json.loads(message) async for message in ws]
+    async def quiet_then_crowded(port: int) -> tuple[list[dict], bool, str]:
+        uri = f"ws://127.0.0.1:{port}/v1/live?sample_rate=16000"
+        async with connect(uri) as quiet:
+            events = [json.loads(await quiet.recv())]
+            try:   # two idle bounds and more: nobody wanted the place, the session goes on (nothing is sent)
+                events.append(json.loads(await asyncio.wait_for(quiet.recv(), 2.5)))
+                open_before = False
+            except TimeoutError:
+                open_before = True
+            async with connect(uri) as other:
+                second = json.loads(await other.recv())["kind"]
+                events += [json.loads(message) async for message in quiet]
+                await other.send(json.dumps({"type": "stop"}))
+                async for _ in other:
+                    pass
+            return events, open_before, second
 
     with in_process_server(engine) as port:
-        events = asyncio.run(asyncio.wait_for(silent(port), 60))
-        assert len(engine.sessions) == 0
+        events, open_before, second = asyncio.run(asyncio.wait_for(quiet_then_crowded(port), 60))
+    assert open_before and second == "ready"
     assert events[0]["kind"] == "ready" and events[-1] == {"kind": "done", "text": ""}, events
-    assert {"kind": "error", "message": "no audio or command for 1 s: the session ends"} in events
+    assert any(e["kind"] == "error" and "its place went to another" in e["message"] for e in events), events
 
 
 def test_verbose_json_gives_each_segment_its_own_windows_temperature():
@@ -783,3 +798,32 @@ def test_verbose_json_gives_each_segment_its_own_windows_temperature():
                             stats={"window_temperatures": [0.0, 0.4], "window_seeks": [0, 3000]})
     request = TranscriptionRequest("transcribe", "whisper-1", None, None, "verbose_json", 0.0, (), False, None)
     assert [s["temperature"] for s in verbose(request, transcript)["segments"]] == [0.0, 0.0, 0.4]
+
+
+def test_a_streamed_request_whose_client_left_before_its_answer_began_gives_its_place_back(tiny_en_pair):
+    """stream=true from a client that closes its socket right after its upload: the answer never begins (nor its
+    body's generator), yet the transcription is cancelled, its window leaves the queue and its slot is free."""
+    import socket
+
+    import httpx
+
+    from asr_app.ui.engine import UiEngine
+
+    engine = UiEngine(pair=tiny_en_pair)
+    with in_process_server(engine) as port:
+        upload = httpx.Request("POST", f"http://127.0.0.1:{port}/v1/audio/transcriptions",
+                               files={"file": ("a.wav", _one_second_upload())},
+                               data={"model": "whisper-1", "stream": "true"})
+        body = upload.read()
+        head = (f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                f"{upload.headers['content-type']}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+        with engine.scheduler.hold():
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.sendall(head + body)
+            deadline = time.monotonic() + 20
+            while httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()["requests"]:
+                assert time.monotonic() < deadline, "the streamed transcription kept its slot after its client left"
+                time.sleep(0.1)
+            assert engine.scheduler.metrics().queue_depth == 0
+        time.sleep(0.5)
+        assert engine.scheduler.metrics().rows == 0

@@ -9,6 +9,7 @@ any other request (`longform.transcribe`), so it shares batches with live sessio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -28,7 +29,7 @@ from asr_app.decoding.text import compression_ratio
 from asr_app.languages import LANGUAGES
 from asr_app.limits import LimitExceeded
 from asr_app.longform import TranscribeOptions, transcribe
-from asr_app.scheduler import ClientGone, RequestLimits, SchedulerBusy, SchedulerClosed
+from asr_app.scheduler import ClientGone, SchedulerBusy, SchedulerClosed
 from asr_app.serve.security import AccessSettings, Refusal, require_key
 from asr_app.transcript import Transcript
 from asr_app.ui.engine import UiEngine
@@ -75,17 +76,25 @@ def model_entry(name: str) -> dict:
 class RequestSlots:
     """At most `limit` transcriptions at once, each on a thread of its own: never on the event loop's shared pool,
     which /health, /metrics, uploads and the live sessions' stop and flush need (40 long uploads there would
-    hang them all). The next one is refused as busy, before its upload is spooled."""
+    hang them all). The next one is refused as busy: by `app.UploadGate` before its body is read where the
+    slots are full when it arrives, else here once its form is read."""
 
     def __init__(self, limit: int) -> None:
         self.limit, self.running = limit, 0
         self._lock = threading.Lock()
 
+    @property
+    def full(self) -> bool:
+        return self.running >= self.limit
+
+    def busy(self) -> Refusal:
+        return Refusal(503, f"the service is busy: {self.limit} transcriptions are running (--max-requests); try "
+                            "again shortly", "server_busy")
+
     def take(self) -> None:
         with self._lock:
             if self.running >= self.limit:
-                raise Refusal(503, f"the service is busy: {self.limit} transcriptions are running (--max-requests); "
-                                   "try again shortly", "server_busy")
+                raise self.busy()
             self.running += 1
 
     def give(self) -> None:
@@ -94,27 +103,38 @@ class RequestSlots:
 
 
 def in_own_thread(outcome: asyncio.Future, folder: Path, slots: RequestSlots, work, *args) -> None:
-    """`work(*args)` on a thread of its own; its result or error resolves `outcome` (on its loop). The upload's
-    folder is removed and the slot given back when it ends, whoever is still waiting."""
+    """`work(*args)` on a thread of its own, holding a slot already taken; its result or error resolves `outcome`
+    (on its loop, while that runs). The upload's folder is removed and the slot given back when it ends, or here
+    when the thread cannot start."""
     loop = outcome.get_loop()
+    outcome.add_done_callback(lambda f: f.cancelled() or f.exception())   # read: nobody may be waiting any more
 
     def settle(value: object, failed: bool) -> None:
         if not outcome.done():
             outcome.set_exception(value) if failed else outcome.set_result(value)  # type: ignore[arg-type]
 
+    def report(value: object, failed: bool) -> None:
+        with contextlib.suppress(RuntimeError):   # the loop has closed (the server stopped): nobody to tell
+            loop.call_soon_threadsafe(settle, value, failed)
+
     def run() -> None:
         try:
-            loop.call_soon_threadsafe(settle, work(*args), False)
+            report(work(*args), False)
         except BaseException as exc:  # noqa: BLE001 - handed to the request, which answers it
-            loop.call_soon_threadsafe(settle, exc, True)
+            report(exc, True)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
             slots.give()
 
-    threading.Thread(target=run, name="asr-serve-request", daemon=True).start()
+    try:
+        threading.Thread(target=run, name="asr-serve-request", daemon=True).start()
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        slots.give()
+        raise
 
 
-async def until_done_or_gone(outcome: asyncio.Future, request: Request, bounds: RequestLimits):
+async def until_done_or_gone(outcome: asyncio.Future, request: Request, cancelled: threading.Event):
     """The transcription's result; a client that disconnects meanwhile cancels it (at its next window). The body
     is read by now, so the only message left to receive is the client's going away. (Starlette's
     `is_disconnected` looks without waiting, and behind this app's layers it never saw a closed socket.)"""
@@ -122,17 +142,35 @@ async def until_done_or_gone(outcome: asyncio.Future, request: Request, bounds: 
     try:
         await asyncio.wait([outcome, gone], return_when=asyncio.FIRST_COMPLETED)
         if not outcome.done():
-            bounds.cancelled.set()   # type: ignore[union-attr]
+            if gone.exception() is None:
+                cancelled.set()
+            else:   # not a disconnect: the watcher failed, the client may still be there
+                log.debug("watching for the client's disconnect failed", exc_info=gone.exception())
         return await outcome
     finally:
         gone.cancel()
         if not outcome.done():   # this handler was cancelled: nobody reads the result
-            bounds.cancelled.set()   # type: ignore[union-attr]
+            cancelled.set()
 
 
 async def _disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+class CancelWhenDone(StreamingResponse):
+    """A streamed answer that cancels its transcription however it ends: sent whole, cut off, or never begun (a
+    client gone before the first byte: the body's generator then never runs, nor its `finally`)."""
+
+    def __init__(self, content, cancelled: threading.Event, **kwargs) -> None:
+        super().__init__(content, **kwargs)
+        self.cancelled = cancelled
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.cancelled.set()
 
 
 def build_router(engine: UiEngine, access: AccessSettings, slots: RequestSlots) -> APIRouter:
@@ -160,9 +198,13 @@ def build_router(engine: UiEngine, access: AccessSettings, slots: RequestSlots) 
                                    response_format, base.temperature if temperature is None else temperature,
                                    tuple(granularities or ()), stream, mode)
         check_request(engine, req)
-        bounds = RequestLimits(engine.limits.request_timeout_s, threading.Event())
+        cancelled = threading.Event()
         slots.take()   # given back by the transcription's thread, or below when it never starts
-        folder = Path(tempfile.mkdtemp(prefix="asr_serve_"))
+        try:
+            folder = Path(tempfile.mkdtemp(prefix="asr_serve_"))
+        except BaseException:
+            slots.give()
+            raise
         try:
             path = await spool(file, folder, engine)
             await run_in_threadpool(_checked_duration, engine, path)
@@ -172,13 +214,15 @@ def build_router(engine: UiEngine, access: AccessSettings, slots: RequestSlots) 
             if isinstance(exc, LimitExceeded):
                 raise refusal_for(exc) from None
             raise
+        loop = asyncio.get_running_loop()
         if req.stream:
-            return StreamingResponse(stream_events(engine, req, path, folder, bounds, slots),
-                                     media_type="text/event-stream")
-        outcome = asyncio.get_running_loop().create_future()
-        in_own_thread(outcome, folder, slots, run_transcription, engine, req, path, None, bounds)
+            queue: asyncio.Queue = asyncio.Queue()
+            in_own_thread(loop.create_future(), folder, slots, stream_work, engine, req, path, cancelled, queue, loop)
+            return CancelWhenDone(stream_events(queue), cancelled, media_type="text/event-stream")
+        outcome = loop.create_future()
+        in_own_thread(outcome, folder, slots, run_transcription, engine, req, path, None, cancelled)
         try:
-            transcript = await until_done_or_gone(outcome, request, bounds)
+            transcript = await until_done_or_gone(outcome, request, cancelled)
         except Exception as exc:  # noqa: BLE001 - every failure is an answer, never a traceback
             refusal = refusal_for(exc)
             log_refusal(refusal, "transcription refused", exc)
@@ -270,30 +314,28 @@ def _checked_duration(engine: UiEngine, path: Path) -> float:
 
 
 def run_transcription(engine: UiEngine, req: TranscriptionRequest, path: Path, on_segments,
-                      bounds: RequestLimits) -> Transcript:
-    """The upload at `path`, window by window through the scheduler; `bounds` (one deadline for the whole
-    request, and the client's going away) end it at its next decode."""
+                      cancelled: threading.Event) -> Transcript:
+    """The upload at `path`, window by window through the scheduler, each window's wait for the decoder bounded
+    by `--request-timeout`; `cancelled` (the client went away) ends it at its next decode."""
     options = decoding_options(engine, req)
-    decoder = engine.scheduler.client(options, session=f"api-{id(path)}", limits=bounds)
-
-    def hook(segments):
-        if on_segments is not None:
-            on_segments(segments)
-
+    decoder = engine.scheduler.client(options, timeout_s=engine.limits.request_timeout_s,
+                                      session=f"api-{id(path)}", cancelled=cancelled)
     fallback = engine.fallback(req.temperature)   # openai/whisper's rule, or the launch's --temperature list
     transcript = transcribe(decoder, path, TranscribeOptions(decoding=options, initial_prompt=req.prompt,
-                                                             temperature_fallback=fallback), on_segments=hook)
+                                                             temperature_fallback=fallback), on_segments=on_segments)
     transcript.source = path.name
     return transcript
 
 
-async def stream_events(engine: UiEngine, req: TranscriptionRequest, path: Path, folder: Path,
-                        bounds: RequestLimits, slots: RequestSlots) -> AsyncIterator[str]:
-    """Server-sent events as OpenAI streams a transcription: a `transcript.text.delta` per finished window's
-    text, then `transcript.text.done` with the whole text."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
+def stream_work(engine: UiEngine, req: TranscriptionRequest, path: Path, cancelled: threading.Event,
+                queue: asyncio.Queue, loop: asyncio.AbstractEventLoop) -> None:
+    """A streamed transcription (on its own thread): each window's new text, then the whole text or the error,
+    onto `queue` for `stream_events`."""
     started = False
+
+    def put(item: tuple) -> None:
+        with contextlib.suppress(RuntimeError):   # the loop has closed: nobody is reading
+            loop.call_soon_threadsafe(queue.put_nowait, item)
 
     def on_segments(segments) -> None:
         # Segments are joined by a space, the first of the stream has none: the deltas add up to the done text.
@@ -302,31 +344,29 @@ async def stream_events(engine: UiEngine, req: TranscriptionRequest, path: Path,
         if started and text:
             text = " " + text
         started = started or bool(text)
-        loop.call_soon_threadsafe(queue.put_nowait, ("delta", text))
+        put(("delta", text))
 
-    def work() -> None:
-        try:
-            transcript = run_transcription(engine, req, path, on_segments, bounds)
-            loop.call_soon_threadsafe(queue.put_nowait, ("done", transcript.text))
-        except Exception as exc:  # noqa: BLE001 - reported in the stream
-            refusal = refusal_for(exc)
-            log_refusal(refusal, "streamed transcription ended", exc)
-            loop.call_soon_threadsafe(queue.put_nowait, ("error", refusal))
-
-    in_own_thread(loop.create_future(), folder, slots, work)
     try:
-        while True:
-            kind, value = await queue.get()
-            if kind == "delta":
-                yield _sse({"type": "transcript.text.delta", "delta": value})
-            elif kind == "done":
-                yield _sse({"type": "transcript.text.done", "text": value.strip()})
-                return
-            else:
-                yield _sse({"type": "error", "error": {"message": value.message, "code": value.status}})
-                return
-    finally:
-        bounds.cancelled.set()   # type: ignore[union-attr]  # a client that left stops it at its next window
+        put(("done", run_transcription(engine, req, path, on_segments, cancelled).text))
+    except Exception as exc:  # noqa: BLE001 - reported in the stream
+        refusal = refusal_for(exc)
+        log_refusal(refusal, "streamed transcription ended", exc)
+        put(("error", refusal))
+
+
+async def stream_events(queue: asyncio.Queue) -> AsyncIterator[str]:
+    """Server-sent events as OpenAI streams a transcription: a `transcript.text.delta` per finished window's
+    text, then `transcript.text.done` with the whole text (or an `error`)."""
+    while True:
+        kind, value = await queue.get()
+        if kind == "delta":
+            yield _sse({"type": "transcript.text.delta", "delta": value})
+        elif kind == "done":
+            yield _sse({"type": "transcript.text.done", "text": value.strip()})
+            return
+        else:
+            yield _sse({"type": "error", "error": {"message": value.message, "code": value.status}})
+            return
 
 
 def _sse(payload: dict) -> str:

@@ -8,6 +8,7 @@ import logging
 from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse, Response
@@ -47,8 +48,9 @@ class UploadGate:
     The bound is the upload limit (`limit_mb`, what refusals name) plus room for the form around the file.
     The innermost layer: CORS answers a browser's preflight before it, and /metrics counts its answers."""
 
-    def __init__(self, app: ASGIApp, limit_mb: float, api_key: str | None = None) -> None:
-        self.app, self.limit_mb, self.api_key = app, limit_mb, api_key
+    def __init__(self, app: ASGIApp, limit_mb: float, api_key: str | None = None,
+                 slots: RequestSlots | None = None) -> None:
+        self.app, self.limit_mb, self.api_key, self.slots = app, limit_mb, api_key, slots
         self.max_bytes = int(limit_mb * 1e6) + FORM_OVERHEAD_BYTES
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -59,6 +61,10 @@ class UploadGate:
         query_key = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("api_key", [None])[0]
         if not key_matches(self.api_key, bearer(headers, query_key)):
             await _answer(send, 401, KEY_REFUSAL, "authentication_error")
+            return
+        if self.slots is not None and self.slots.full:   # busy now: say so before the client sends its upload
+            busy = self.slots.busy()
+            await _answer(send, busy.status, busy.message, busy.code)
             return
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
@@ -114,9 +120,10 @@ async def _answer(send: Send, status: int, message: str, code: str = "invalid_re
 def build_app(engine: UiEngine, access: AccessSettings = AccessSettings(), mount_ui: bool = True) -> FastAPI:
     app = FastAPI(title="asr-app", docs_url=None, redoc_url=None, openapi_url=None)
     answers: dict[str, int] = {}
+    slots = RequestSlots(engine.limits.max_requests)
     _install_error_handlers(app)
     # Added first, so innermost: each later layer wraps it (the answer count, then CORS).
-    app.add_middleware(UploadGate, limit_mb=engine.limits.max_upload_mb, api_key=access.api_key)
+    app.add_middleware(UploadGate, limit_mb=engine.limits.max_upload_mb, api_key=access.api_key, slots=slots)
 
     @app.middleware("http")
     async def count_answers(request: Request, call_next) -> Response:
@@ -129,12 +136,11 @@ def build_app(engine: UiEngine, access: AccessSettings = AccessSettings(), mount
         app.add_middleware(CORSMiddleware, allow_origins=list(access.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
 
-    slots = RequestSlots(engine.limits.max_requests)
-
-    # async, as every quick answer here: on the event loop, never queued behind work on a thread pool
+    # The scheduler's figures are read on the shared pool (with --engine ray they are a round trip to the replicas'
+    # board), which transcriptions never hold (api.RequestSlots).
     @app.get("/health")
     async def health() -> dict:
-        m = engine.scheduler.metrics()
+        m = await run_in_threadpool(engine.scheduler.metrics)
         answer = {"status": "ok", "model": model_id(engine), "queue_depth": m.queue_depth,
                   "live_sessions": len(engine.sessions), "max_sessions": engine.limits.max_sessions,
                   "requests": slots.running, "max_requests": slots.limit}
@@ -146,7 +152,8 @@ def build_app(engine: UiEngine, access: AccessSettings = AccessSettings(), mount
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         require_key(access, request)
-        return PlainTextResponse(metrics_text(engine, answers), media_type="text/plain; version=0.0.4")
+        text = await run_in_threadpool(metrics_text, engine, dict(answers))   # a copy made on the loop, which counts
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     app.include_router(build_router(engine, access, slots))
     app.include_router(build_live_router(engine, access))

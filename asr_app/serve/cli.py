@@ -35,8 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-chunk-seconds", type=float, default=10.0,
                         help="longest live chunk in seconds (default 10)")
     parser.add_argument("--request-timeout", type=float, default=600.0,
-                        help="seconds an API request may take from its upload to its answer, queueing included "
-                             "(default 600, the openai package's own timeout)")
+                        help="seconds each window of an API request may wait for and use the decoder (default "
+                             "600); a request whose client disconnects is cancelled")
     parser.add_argument("--live-encoder-context", type=float, default=None, metavar="S",
                         help="live re-decodes run the encoder over their buffer plus S seconds instead of a 30 s "
                              "window (less work per re-decode on a CPU; a decode that loops is redone over the "

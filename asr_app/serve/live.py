@@ -118,11 +118,14 @@ async def _receive_audio(ws: WebSocket, engine: UiEngine, session: LiveSession, 
     """Audio frames into the session until the client stops (True) or leaves (False)."""
     limits = engine.limits
     while True:
-        try:   # a client that sends nothing for the idle bound has its session ended (its text so far, `done`)
+        try:
             message = await asyncio.wait_for(ws.receive(), engine.sessions.idle_s)
         except TimeoutError:
-            await ws.send_json({"kind": "error", "message": f"no audio or command for {engine.sessions.idle_s:g} s: "
-                                                            "the session ends"})
+            if engine.sessions.holds(session):   # quiet, but nobody needed its place: it may speak again
+                continue
+            # Its place went to another session: nothing bounds what it holds any more. It ends (text so far, done).
+            await ws.send_json({"kind": "error", "message": f"this session sent nothing for "
+                                f"{engine.sessions.idle_s:g} s and its place went to another: the session ends"})
             return True
         if message["type"] == "websocket.disconnect":
             return False

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from asr_app.decoding.options import DecodingOptions, DecodingResult
-from asr_app.scheduler import FILE, RequestLimits, ScheduledDecoder, SchedulerBusy, SchedulerClosed
+from asr_app.scheduler import FILE, ScheduledDecoder, SchedulerBusy, SchedulerClosed
 from asr_app.scheduler_metrics import SchedulerMetrics
 
 log = logging.getLogger(__name__)
@@ -319,8 +319,8 @@ class RemoteScheduler:
         return True
 
     def client(self, options: DecodingOptions | None = None, *, priority: int = FILE, session: str = "",
-               timeout_s: float | None = None, limits: RequestLimits | None = None) -> ScheduledDecoder:
-        return ScheduledDecoder(self, options or self.default_options, priority, session, timeout_s, limits)
+               timeout_s: float | None = None, cancelled: threading.Event | None = None) -> ScheduledDecoder:
+        return ScheduledDecoder(self, options or self.default_options, priority, session, timeout_s, cancelled)
 
     def metrics(self) -> SchedulerMetrics:
         figures = self._board_figures()

@@ -76,9 +76,12 @@ class UiEngine:
 
     @property
     def languages(self) -> tuple[str, ...]:
-        """The language choices: "auto" (detected) and every code for a multilingual model, else "en"."""
-        if getattr(self.pair.target.generation_config, "is_multilingual", False):
-            return ("auto", *LANGUAGES)
+        """The language choices: "auto" (detected) and every code the multilingual model knows (large-v3 knows
+        Cantonese, the others do not), else "en"."""
+        config = self.pair.target.generation_config
+        if getattr(config, "is_multilingual", False):
+            known = getattr(config, "lang_to_id", None) or {}
+            return ("auto", *(code for code in LANGUAGES if not known or f"<|{code}|>" in known))
         return ("en",)
 
     def options(self, mode: str, temperature: float, language: str = "auto", **overrides: Any) -> DecodingOptions:
@@ -91,6 +94,8 @@ class UiEngine:
             if code not in (None, "en"):
                 raise ValueError(f"language {language!r} is not available: this is an English-only model")
             code = "en"
+        elif code is not None and code not in self.languages:
+            raise ValueError(f"language {language!r} is not one this model knows")
         return replace(self.base_options, mode=mode, temperature=float(temperature), language=code, **overrides)
 
     @staticmethod
