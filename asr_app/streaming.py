@@ -45,11 +45,11 @@ EDGE_S = 0.3  # local-agreement: agreed words must end this far before the buffe
 ANCHOR_WORDS = (3, 2)
 ANCHOR_S = 0.6
 STEP_HISTORY = 4096   # decodes kept for statistics (20 min at one every 0.3 s); older ones are only counted
-# Rewritten committed words, no anchor: a word of the new hypothesis with at most this much audio of its own
-# past the last committed word's end (one 20 ms alignment frame) is the committed audio heard as other words
-# ("my" heard again as "am I", the "I" zero-long at the end of "my"), not a new word; a short new word ("a",
-# 50 ms after the seam) has more.
-SEAM_S = 0.02
+# Rewritten committed words, no anchor: a word of the new hypothesis that starts within this of the last committed
+# word's end and has no more audio of its own past it (one 20 ms alignment frame, with room for rounding) is the
+# committed audio heard as other words ("my" heard again as "am I", the "I" zero-long at the end of "my"), not a
+# new word. A short new word ("a", 50 ms past the seam) has more; a zero-long word later on is left alone.
+SEAM_S = 0.025
 
 
 @dataclass(frozen=True)
@@ -139,10 +139,11 @@ class CommitPolicy(abc.ABC):
         anchored = self._after_anchor(hypothesis)
         if anchored is not None:
             return anchored
-        # Else fall back to time, as whisper_streaming does (but a word must also have more than SEAM_S of audio
-        # past the committed audio), then drop a repeated n-gram at the seam (the same words heard twice).
+        # Else fall back to time, as whisper_streaming does (less a word at the seam with no audio of its own, see
+        # SEAM_S), then drop a repeated n-gram at the seam (the same words heard twice across the cut).
         end = self.committed_end
-        rest = [w for w in hypothesis if w.start > end - 0.1 and w.end - max(w.start, end) > SEAM_S]
+        rest = [w for w in hypothesis if w.start > end - 0.1
+                and not (w.start <= end + SEAM_S and w.end - max(w.start, end) <= SEAM_S)]
         committed_keys = [w.key for w in self.in_buffer]
         for n in range(min(5, len(rest), len(committed_keys)), 0, -1):
             if [w.key for w in rest[:n]] == committed_keys[-n:]:

@@ -133,6 +133,18 @@ def test_a_short_new_word_right_after_rewritten_committed_words_is_kept(make, st
     assert [w.text for w in kept + policy.flush()] == ["a", "fellow"]
 
 
+def test_a_zero_long_word_after_the_seam_is_not_taken_for_committed_audio():
+    # Only a word at the seam can be the committed audio heard again: one that DTW squeezed to nothing later on
+    # ("a" at 1.60, after "fellow") is the hypothesis' own and stays.
+    la = LocalAgreement()
+    first = [Word(0.0, 0.76, "And"), Word(0.76, 1.04, "so"), Word(1.04, 1.40, "my")]
+    la.insert(first, 2.0)
+    la.insert(first, 2.5)
+    la.insert([Word(0.0, 0.76, "And"), Word(0.76, 1.04, "so"), Word(1.04, 1.40, "am"), Word(1.40, 1.60, "fellow"),
+               Word(1.60, 1.60, "a"), Word(1.60, 1.9, "man")], 3.0)
+    assert [w.text for w in la.flush()] == ["fellow", "a", "man"]
+
+
 def test_one_recurring_word_is_not_an_anchor():
     # Committed "that is that"; the next decode rewrites the last "that" as "than". "that" alone recurs 0.5 s
     # earlier: anchored there, "is than" would be committed a second time. Two words are the least anchor.
