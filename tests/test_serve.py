@@ -827,3 +827,28 @@ def test_a_streamed_request_whose_client_left_before_its_answer_began_gives_its_
             assert engine.scheduler.metrics().queue_depth == 0
         time.sleep(0.5)
         assert engine.scheduler.metrics().rows == 0
+
+
+def test_an_answer_of_the_catch_all_handler_is_counted(tiny_en_pair):
+    """A handler that fails unexpectedly is answered by the app's last-resort handler (a 500 in the API's shape),
+    outside the app's own layers: /metrics counts it all the same."""
+    import httpx
+
+    from asr_app.ui.engine import UiEngine
+
+    engine = UiEngine(pair=tiny_en_pair)
+    figures, failures = engine.scheduler.metrics, []
+
+    def fails_once():
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("the scheduler's figures could not be read")
+        return figures()
+
+    engine.scheduler.metrics = fails_once
+    with in_process_server(engine) as port:
+        url = f"http://127.0.0.1:{port}"
+        failed = httpx.get(url + "/health", timeout=30)
+        text = httpx.get(url + "/metrics", timeout=30).text
+    assert failed.status_code == 500 and "could not be read" not in failed.text, failed.text
+    assert 'asr_http_responses_total{status="5xx"} 1.0' in text, text

@@ -112,6 +112,38 @@ class UploadGate:
                 return
 
 
+class CountAnswers:
+    """HTTP answers by status class, for /metrics. Counted as they are sent; a request whose handler failed before
+    answering counts as a 5xx here (Starlette's outermost layer answers it, outside every layer of ours)."""
+
+    def __init__(self, app: ASGIApp, answers: dict[str, int]) -> None:
+        self.app, self.answers = app, answers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        answered = False
+
+        async def counted(message: Message) -> None:
+            nonlocal answered
+            if message["type"] == "http.response.start" and not answered:
+                answered = True
+                self._count(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counted)
+        except Exception:
+            if not answered:
+                self._count(500)
+            raise
+
+    def _count(self, status: int) -> None:
+        key = f"{status // 100}xx"
+        self.answers[key] = self.answers.get(key, 0) + 1
+
+
 async def _answer(send: Send, status: int, message: str, code: str = "invalid_request_error") -> None:
     response = error_response(status, message, code)
     await response(scope={"type": "http"}, receive=None, send=send)  # type: ignore[arg-type]
@@ -125,12 +157,7 @@ def build_app(engine: UiEngine, access: AccessSettings = AccessSettings(), mount
     # Added first, so innermost: each later layer wraps it (the answer count, then CORS).
     app.add_middleware(UploadGate, limit_mb=engine.limits.max_upload_mb, api_key=access.api_key, slots=slots)
 
-    @app.middleware("http")
-    async def count_answers(request: Request, call_next) -> Response:
-        response = await call_next(request)
-        key = f"{response.status_code // 100}xx"
-        answers[key] = answers.get(key, 0) + 1
-        return response
+    app.add_middleware(CountAnswers, answers=answers)
 
     if access.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(access.cors_origins), allow_methods=["GET", "POST"],
