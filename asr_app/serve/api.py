@@ -102,26 +102,29 @@ class RequestSlots:
             self.running -= 1
 
 
-def in_own_thread(outcome: asyncio.Future, folder: Path, slots: RequestSlots, work, *args) -> None:
-    """`work(*args)` on a thread of its own, holding a slot already taken; its result or error resolves `outcome`
-    (on its loop, while that runs). The upload's folder is removed and the slot given back when it ends, or here
-    when the thread cannot start."""
-    loop = outcome.get_loop()
+def to_loop(loop: asyncio.AbstractEventLoop, callback, *args) -> None:
+    """`callback(*args)` on `loop`, from another thread; nothing when the loop has closed (the server stopped:
+    nobody is there to tell)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback, *args)
+
+
+def in_own_thread(loop: asyncio.AbstractEventLoop, folder: Path, slots: RequestSlots, work, *args) -> asyncio.Future:
+    """`work(*args)` on a thread of its own, holding a slot already taken; returns the future its result or error
+    resolves (on `loop`). The upload's folder is removed and the slot given back when it ends, or here when the
+    thread cannot start."""
+    outcome = loop.create_future()
     outcome.add_done_callback(lambda f: f.cancelled() or f.exception())   # read: nobody may be waiting any more
 
     def settle(value: object, failed: bool) -> None:
         if not outcome.done():
             outcome.set_exception(value) if failed else outcome.set_result(value)  # type: ignore[arg-type]
 
-    def report(value: object, failed: bool) -> None:
-        with contextlib.suppress(RuntimeError):   # the loop has closed (the server stopped): nobody to tell
-            loop.call_soon_threadsafe(settle, value, failed)
-
     def run() -> None:
         try:
-            report(work(*args), False)
+            to_loop(loop, settle, work(*args), False)
         except BaseException as exc:  # noqa: BLE001 - handed to the request, which answers it
-            report(exc, True)
+            to_loop(loop, settle, exc, True)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
             slots.give()
@@ -132,6 +135,7 @@ def in_own_thread(outcome: asyncio.Future, folder: Path, slots: RequestSlots, wo
         shutil.rmtree(folder, ignore_errors=True)
         slots.give()
         raise
+    return outcome
 
 
 async def until_done_or_gone(outcome: asyncio.Future, request: Request, cancelled: threading.Event):
@@ -200,16 +204,14 @@ def build_router(engine: UiEngine, access: AccessSettings, slots: RequestSlots) 
         check_request(engine, req)
         cancelled = threading.Event()
         slots.take()   # given back by the transcription's thread, or below when it never starts
+        folder = None
         try:
             folder = Path(tempfile.mkdtemp(prefix="asr_serve_"))
-        except BaseException:
-            slots.give()
-            raise
-        try:
             path = await spool(file, folder, engine)
             await run_in_threadpool(_checked_duration, engine, path)
         except BaseException as exc:
-            shutil.rmtree(folder, ignore_errors=True)
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
             slots.give()
             if isinstance(exc, LimitExceeded):
                 raise refusal_for(exc) from None
@@ -217,10 +219,9 @@ def build_router(engine: UiEngine, access: AccessSettings, slots: RequestSlots) 
         loop = asyncio.get_running_loop()
         if req.stream:
             queue: asyncio.Queue = asyncio.Queue()
-            in_own_thread(loop.create_future(), folder, slots, stream_work, engine, req, path, cancelled, queue, loop)
+            in_own_thread(loop, folder, slots, stream_work, engine, req, path, cancelled, queue, loop)
             return CancelWhenDone(stream_events(queue), cancelled, media_type="text/event-stream")
-        outcome = loop.create_future()
-        in_own_thread(outcome, folder, slots, run_transcription, engine, req, path, None, cancelled)
+        outcome = in_own_thread(loop, folder, slots, run_transcription, engine, req, path, None, cancelled)
         try:
             transcript = await until_done_or_gone(outcome, request, cancelled)
         except Exception as exc:  # noqa: BLE001 - every failure is an answer, never a traceback
@@ -334,8 +335,7 @@ def stream_work(engine: UiEngine, req: TranscriptionRequest, path: Path, cancell
     started = False
 
     def put(item: tuple) -> None:
-        with contextlib.suppress(RuntimeError):   # the loop has closed: nobody is reading
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+        to_loop(loop, queue.put_nowait, item)
 
     def on_segments(segments) -> None:
         # Segments are joined by a space, the first of the stream has none: the deltas add up to the done text.
@@ -384,14 +384,15 @@ def refusal_for(exc: BaseException) -> Refusal:
         return exc
     if isinstance(exc, LimitExceeded):
         return Refusal(413 if "is accepted" in str(exc) else 400, str(exc))
-    for cause in _causes(exc):   # a window's decode failed for want of the decoder: the service, not the audio
+    causes = _causes(exc)
+    for cause in causes:   # a window's decode failed for want of the decoder: the service, not the audio
         if isinstance(cause, SchedulerBusy | TimeoutError):
             return Refusal(503, f"the service is busy: {cause}", "server_busy")
         if isinstance(cause, SchedulerClosed):
             return Refusal(503, "the service is shutting down", "server_busy")
         if isinstance(cause, ClientGone):
             return Refusal(CLIENT_GONE, "the client went away", "client_gone")
-    if not any(isinstance(cause, AudioLoadError) for cause in _causes(exc)):
+    if not any(isinstance(cause, AudioLoadError) for cause in causes):
         return Refusal(500, "the service failed while transcribing this upload (its log says why); the audio may "
                             "be fine, try again", "server_error")
     message = str(exc).split("\n")[0]
