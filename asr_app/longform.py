@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -304,12 +305,15 @@ def transcribe_many(decoder: Decoder, items: Iterable[tuple[Any, str | Path | np
                     options: TranscribeOptions = TranscribeOptions(),
                     on_progress: Callable[[float], None] | None = None,
                     on_segments: Callable[[Any, list[Segment]], None] | None = None,
+                    cancelled: threading.Event | None = None,
                     ) -> Iterator[tuple[Any, Transcript | Exception]]:
     """Transcribe (key, path-or-16k-array) items, yielding (key, Transcript or the error) as each finishes.
 
     Up to `options.batch_size` files are decoded together. A file that cannot be loaded, read or
     decoded yields its exception and the others carry on. `on_progress(seconds)` is called
-    with the audio seconds consumed after every window.
+    with the audio seconds consumed after every window. `cancelled`, once set, ends the whole job at its next
+    round with ConnectionAbortedError: checked here as well as by a decoder that waits, because silent windows
+    are read and skipped without a decode.
     """
     decoding = dataclasses.replace(options.decoding or decoder.options, timestamps=True)
     ts_begin = _timestamp_begin(decoder)
@@ -326,44 +330,64 @@ def transcribe_many(decoder: Decoder, items: Iterable[tuple[Any, str | Path | np
             on_progress((min(job.seek, job.total) - before) / SAMPLE_RATE)
 
     pending, active = iter(items), []
-    while True:
-        while len(active) < max(1, options.batch_size):
-            item = next(pending, None)
-            if item is None:
-                break
-            try:
-                active.append(_open(*item))
-                active[-1].initial_tokens = list(initial)
-            except Exception as exc:  # noqa: BLE001 - reported per file, the batch goes on
-                yield item[0], exc
-        if not active:
-            return
-        failed: dict[int, Exception] = {}
-        audible = []
-        for job in active:
-            before = job.seek
-            try:  # read the round's window now: a file that breaks mid-way fails alone
-                skipped = _skip_unspoken(job, options, vad)
-            except Exception as exc:  # noqa: BLE001
-                failed[id(job)] = exc
-                continue
-            if skipped:
+    try:
+        while True:
+            if cancelled is not None and cancelled.is_set():
+                raise ConnectionAbortedError("the caller went away: the transcription was stopped")
+            yield from _fill(active, pending, initial, max(1, options.batch_size))
+            if not active:
+                return
+            audible, failed = _read_windows(active, options, vad, progress)
+            for job, outcome in (_decode_round(decoder, audible, sampled(decoding, audible), options)
+                                 if audible else ()):
+                if isinstance(outcome, Exception):
+                    failed[id(job)] = outcome
+                    continue
+                before, known = job.seek, len(job.segments)
+                _decoded(job, outcome[0], decoder, decoding, options, ts_begin, decode_text)
                 progress(job, before)
-            else:
-                audible.append(job)
-        for job, outcome in _decode_round(decoder, audible, sampled(decoding, audible), options) if audible else ():
-            if isinstance(outcome, Exception):
-                failed[id(job)] = outcome
-                continue
-            before, known = job.seek, len(job.segments)
-            _decoded(job, outcome[0], decoder, decoding, options, ts_begin, decode_text)
-            progress(job, before)
-            if on_segments is not None and len(job.segments) > known:
-                on_segments(job.key, job.segments[known:])
-        for job in [j for j in active if id(j) in failed or j.done]:
-            active.remove(job)
+                if on_segments is not None and len(job.segments) > known:
+                    on_segments(job.key, job.segments[known:])
+            for job in [j for j in active if id(j) in failed or j.done]:
+                active.remove(job)
+                job.audio.close()
+                yield job.key, failed.get(id(job)) or _finish(job, decoder, decoding)
+    finally:   # ended early (cancelled, or the caller stopped reading): no file is left open
+        for job in active:
             job.audio.close()
-            yield job.key, failed.get(id(job)) or _finish(job, decoder, decoding)
+
+
+def _fill(active: list[_LongForm], pending: Iterator, initial: list[int], size: int):
+    """Open items until `size` jobs are active; yields (key, error) for an item that cannot be opened."""
+    while len(active) < size:
+        item = next(pending, None)
+        if item is None:
+            return
+        try:
+            active.append(_open(*item))
+            active[-1].initial_tokens = list(initial)
+        except Exception as exc:  # noqa: BLE001 - reported per file, the batch goes on
+            yield item[0], exc
+
+
+def _read_windows(active: list[_LongForm], options: TranscribeOptions, vad: SpeechDetector | None,
+                  progress) -> tuple[list[_LongForm], dict[int, Exception]]:
+    """Read the round's window of every job now (a file that breaks mid-way fails alone) -> (the jobs whose
+    window is decoded, failures by job id); silent windows are skipped here."""
+    audible: list[_LongForm] = []
+    failed: dict[int, Exception] = {}
+    for job in active:
+        before = job.seek
+        try:
+            skipped = _skip_unspoken(job, options, vad)
+        except Exception as exc:  # noqa: BLE001
+            failed[id(job)] = exc
+            continue
+        if skipped:
+            progress(job, before)
+        else:
+            audible.append(job)
+    return audible, failed
 
 
 def _decode_round(decoder: Decoder, jobs: list[_LongForm], decoding: DecodingOptions, options: TranscribeOptions):
@@ -469,11 +493,13 @@ def _finish(job: _LongForm, decoder: Decoder, decoding: DecodingOptions) -> Tran
 
 def transcribe(decoder: Decoder, audio_or_path: str | Path | np.ndarray,
                options: TranscribeOptions = TranscribeOptions(),
-               on_segments: Callable[[list[Segment]], None] | None = None) -> Transcript:
+               on_segments: Callable[[list[Segment]], None] | None = None,
+               cancelled: threading.Event | None = None) -> Transcript:
     """Long-form transcription of one file or 16 kHz array; raises on bad input. `on_segments` receives each
-    window's new segments as soon as they are final."""
+    window's new segments as soon as they are final; `cancelled` stops it (transcribe_many)."""
     hook = (lambda _key, segments: on_segments(segments)) if on_segments is not None else None
-    [(_, outcome)] = list(transcribe_many(decoder, [(0, audio_or_path)], options, on_segments=hook))
+    [(_, outcome)] = list(transcribe_many(decoder, [(0, audio_or_path)], options, on_segments=hook,
+                                             cancelled=cancelled))
     if isinstance(outcome, Exception):
         raise outcome
     return outcome

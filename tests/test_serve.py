@@ -852,3 +852,32 @@ def test_an_answer_of_the_catch_all_handler_is_counted(tiny_en_pair):
         text = httpx.get(url + "/metrics", timeout=30).text
     assert failed.status_code == 500 and "could not be read" not in failed.text, failed.text
     assert 'asr_http_responses_total{status="5xx"} 1.0' in text, text
+
+
+def test_a_client_that_leaves_a_long_silent_upload_stops_its_reading(tiny_en_pair, caplog):
+    """Two hours of silence (8 kHz FLAC, 180 KB): no window is decoded, so no decoder sees the cancellation; the
+    transcription stops between windows all the same, answered as a client gone (before, the file was read to
+    its end and "transcribed" for nobody)."""
+    import logging
+
+    import httpx
+
+    from asr_app.ui.engine import UiEngine
+
+    silence = io.BytesIO()
+    with sf.SoundFile(silence, "w", 8000, 1, format="FLAC", subtype="PCM_16") as out:
+        for _ in range(120):
+            out.write(np.zeros(60 * 8000, dtype=np.int16))
+    engine = UiEngine(pair=tiny_en_pair)
+    with caplog.at_level(logging.INFO, logger="asr_app.serve.api"), in_process_server(engine) as port:
+        url = f"http://127.0.0.1:{port}"
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + "/v1/audio/transcriptions", files={"file": ("silence.flac", silence.getvalue())},
+                       data={"model": "whisper-1"}, timeout=httpx.Timeout(30, read=0.3))
+        deadline = time.monotonic() + 30
+        while httpx.get(url + "/health", timeout=5).json()["requests"]:
+            assert time.monotonic() < deadline, "the silent upload was still being read"
+            time.sleep(0.1)
+    gone = [r.getMessage() for r in caplog.records if "the client went away" in r.getMessage()]
+    assert gone == ["transcription refused: the client went away"], [r.getMessage() for r in caplog.records]
+    assert engine.scheduler.metrics().rows == 0

@@ -536,3 +536,34 @@ def test_silence_is_skipped_not_transcribed(decoder):
     assert padded.stats["windows"] == 2  # decoded windows: the two with speech; the silent ones were skipped
     starts = [s.start for s in padded.segments]
     assert starts == sorted(starts) and padded.segments[-1].start >= 60.0
+
+
+def test_a_cancelled_job_stops_between_silent_windows_and_closes_its_file(decoder, tmp_path, monkeypatch):
+    """Silent windows are read and skipped without a decode, so no decoder ever sees a cancellation there:
+    transcribe_many looks at `cancelled` itself each round (a server's client that left a long silent upload
+    had it read to its end). The file is closed on the way out."""
+    import threading
+
+    import asr_app.longform as longform
+
+    path = tmp_path / "silence.flac"
+    sf.write(str(path), np.zeros(10 * 60 * 8000, dtype=np.int16), 8000, subtype="PCM_16")   # 20 windows
+    cancelled, windows, closed = threading.Event(), [], []
+    opened = longform._open
+
+    def tracked_open(key, src):
+        job = opened(key, src)
+        close = job.audio.close
+        job.audio.close = lambda: (closed.append(key), close())
+        return job
+
+    def progress(seconds: float) -> None:
+        windows.append(seconds)
+        if len(windows) == 3:
+            cancelled.set()
+
+    monkeypatch.setattr(longform, "_open", tracked_open)
+    outcomes = longform.transcribe_many(decoder, [("silence", path)], on_progress=progress, cancelled=cancelled)
+    with pytest.raises(ConnectionAbortedError, match="went away"):
+        list(outcomes)
+    assert windows == [30.0] * 3 and closed == ["silence"], (windows, closed)

@@ -29,7 +29,7 @@ from asr_app.decoding.text import compression_ratio
 from asr_app.languages import LANGUAGES
 from asr_app.limits import LimitExceeded
 from asr_app.longform import TranscribeOptions, transcribe
-from asr_app.scheduler import ClientGone, SchedulerBusy, SchedulerClosed
+from asr_app.scheduler import SchedulerBusy, SchedulerClosed
 from asr_app.serve.security import AccessSettings, Refusal, require_key
 from asr_app.transcript import Transcript
 from asr_app.ui.engine import UiEngine
@@ -317,13 +317,14 @@ def _checked_duration(engine: UiEngine, path: Path) -> float:
 def run_transcription(engine: UiEngine, req: TranscriptionRequest, path: Path, on_segments,
                       cancelled: threading.Event) -> Transcript:
     """The upload at `path`, window by window through the scheduler, each window's wait for the decoder bounded
-    by `--request-timeout`; `cancelled` (the client went away) ends it at its next decode."""
+    by `--request-timeout`; `cancelled` (the client went away) ends it at its next window, decoded or silent."""
     options = decoding_options(engine, req)
     decoder = engine.scheduler.client(options, timeout_s=engine.limits.request_timeout_s,
                                       session=f"api-{id(path)}", cancelled=cancelled)
     fallback = engine.fallback(req.temperature)   # openai/whisper's rule, or the launch's --temperature list
     transcript = transcribe(decoder, path, TranscribeOptions(decoding=options, initial_prompt=req.prompt,
-                                                             temperature_fallback=fallback), on_segments=on_segments)
+                                                             temperature_fallback=fallback), on_segments=on_segments,
+                            cancelled=cancelled)
     transcript.source = path.name
     return transcript
 
@@ -390,7 +391,7 @@ def refusal_for(exc: BaseException) -> Refusal:
             return Refusal(503, f"the service is busy: {cause}", "server_busy")
         if isinstance(cause, SchedulerClosed):
             return Refusal(503, "the service is shutting down", "server_busy")
-        if isinstance(cause, ClientGone):
+        if isinstance(cause, ConnectionAbortedError):   # ClientGone, or longform stopped between windows
             return Refusal(CLIENT_GONE, "the client went away", "client_gone")
     if not any(isinstance(cause, AudioLoadError) for cause in causes):
         return Refusal(500, "the service failed while transcribing this upload (its log says why); the audio may "
