@@ -881,3 +881,77 @@ def test_a_client_that_leaves_a_long_silent_upload_stops_its_reading(tiny_en_pai
     gone = [r.getMessage() for r in caplog.records if "the client went away" in r.getMessage()]
     assert gone == ["transcription refused: the client went away"], [r.getMessage() for r in caplog.records]
     assert engine.scheduler.metrics().rows == 0
+
+
+def _multipart(parts: list[tuple[str, bytes, str | None]], boundary: str = "peekboundary") -> tuple[bytes, str]:
+    """A multipart form of (name, value, filename) parts in the order given -> (body, content type)."""
+    body = b""
+    for name, value, filename in parts:
+        disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        body += f"--{boundary}\r\nContent-Disposition: {disposition}\r\n\r\n".encode() + value + b"\r\n"
+    return body + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+def _post_raw(port: int, body: bytes, content_type: str, chunk: int = 1 << 18) -> tuple[str, int]:
+    """POST `body` over a raw socket, sent by a thread while the answer is read here -> (the answer, bytes the
+    client had sent when its first byte arrived)."""
+    import socket
+    import threading
+
+    sent = [0]
+    head = (f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        def send_all() -> None:
+            with contextlib.suppress(OSError):   # the server closes once it has answered
+                sock.sendall(head)
+                for start in range(0, len(body), chunk):
+                    sock.sendall(body[start:start + chunk])
+                    sent[0] = start + chunk
+
+        sender = threading.Thread(target=send_all, daemon=True)
+        sender.start()
+        answer = sock.recv(1 << 16)
+        at_answer = sent[0]
+        while not answer.endswith(b"}") and (more := sock.recv(1 << 16)):
+            answer += more
+    sender.join(timeout=60)
+    return answer.decode("latin-1"), at_answer
+
+
+def test_a_model_not_served_is_refused_before_its_upload_is_received(tiny_en_pair):
+    """Fields sent before the file (as the openai package and httpx send them) are read as they pass: a model this
+    server does not run is answered 404 once the file begins, after at most the bytes dropped so that the client
+    reads the answer (16 MB), not after the whole upload. Sent after the file (curl in that order), the same
+    404 comes once the upload is in."""
+    from asr_app.ui.engine import UiEngine
+
+    noise = np.random.default_rng(0).integers(-99, 99, size=32 << 20, dtype=np.int16).tobytes()   # 64 MB
+    early, content_type = _multipart([("model", b"gpt-9", None), ("file", noise, "a.raw")])
+    late, late_type = _multipart([("file", _one_second_upload(), "a.wav"), ("model", b"gpt-9", None)])
+    with in_process_server(UiEngine(pair=tiny_en_pair)) as port:
+        answer, sent = _post_raw(port, early, content_type)
+        late_answer, _ = _post_raw(port, late, late_type)
+    assert answer.startswith("HTTP/1.1 404") and "'gpt-9' is not served here" in answer, answer[:300]
+    assert sent < len(early) / 2, f"{sent / 1e6:.1f} of {len(early) / 1e6:.1f} MB sent before the answer"
+    assert late_answer.startswith("HTTP/1.1 404") and "'gpt-9' is not served here" in late_answer, late_answer
+
+
+def test_form_peek_reads_the_fields_before_the_file_however_the_body_is_cut():
+    from asr_app.serve.api import PEEKED_FIELDS
+    from asr_app.serve.form_peek import FormPeek
+
+    body, content_type = _multipart([("model", b"whisper-1", None), ("prompt", b"x" * 5000, None),
+                                     ("timestamp_granularities[]", b"word", None),
+                                     ("timestamp_granularities[]", "s\u00e9gment".encode(), None),
+                                     ("file", b"RIFF" + bytes(4096), "a.wav"), ("response_format", b"srt", None)])
+    for step in (1, 7, 4096, len(body)):
+        peek = FormPeek(content_type, PEEKED_FIELDS)
+        for start in range(0, len(body), step):
+            peek.feed(body[start:start + step])
+        assert peek.file_began and peek.done, step
+        assert peek.fields == {"model": ["whisper-1"], "timestamp_granularities[]": ["word", "s\u00e9gment"]}, step
+    not_a_form = FormPeek("application/json", PEEKED_FIELDS)
+    broken = FormPeek(content_type, PEEKED_FIELDS)
+    broken.feed(b"this is not multipart at all\r\n" * 10)
+    assert not_a_form.done and broken.done and not broken.file_began and not broken.fields

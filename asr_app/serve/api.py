@@ -16,7 +16,7 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -259,24 +259,64 @@ def unknown_model(engine: UiEngine, name: str) -> Refusal:
 
 
 def check_request(engine: UiEngine, req: TranscriptionRequest) -> None:
-    """Every cheap check, before the upload is read."""
-    if req.model not in (model_id(engine), *OPENAI_MODEL_ALIASES):
-        raise unknown_model(engine, req.model)
-    if req.response_format not in RESPONSE_FORMATS:
-        raise Refusal(400, f"response_format {req.response_format!r} is not one of {', '.join(RESPONSE_FORMATS)}")
-    bad = [g for g in req.granularities if g not in GRANULARITIES]
-    if bad:
-        raise Refusal(400, f"timestamp_granularities {bad} not supported; choose from segment, word")
+    """Every cheap check, before the upload is read (those the fields sent before the file decide alone are made
+    earlier still, by the upload gate: refusal_before_upload)."""
+    check_model(engine, req.model)
+    check_response_format(req.response_format)
+    check_granularity_names(req.granularities)
     if req.granularities and req.response_format != "verbose_json":
         raise Refusal(400, "timestamp_granularities needs response_format=verbose_json")
     if req.stream and req.response_format not in ("json", "text"):
         raise Refusal(400, "stream=true sends text events; use response_format json or text with it")
-    if req.task == "translate" and "auto" not in engine.languages:
-        raise Refusal(400, "translation needs a multilingual model; this server runs an English-only one")
+    check_task(engine, req.task)
     try:
         decoding_options(engine, req)
     except ValueError as exc:
         raise Refusal(400, str(exc)) from None
+
+
+def check_model(engine: UiEngine, name: str) -> None:
+    if name not in (model_id(engine), *OPENAI_MODEL_ALIASES):
+        raise unknown_model(engine, name)
+
+
+def check_response_format(name: str) -> None:
+    if name not in RESPONSE_FORMATS:
+        raise Refusal(400, f"response_format {name!r} is not one of {', '.join(RESPONSE_FORMATS)}")
+
+
+def check_granularity_names(names: Sequence[str]) -> None:
+    bad = [g for g in names if g not in GRANULARITIES]
+    if bad:
+        raise Refusal(400, f"timestamp_granularities {bad} not supported; choose from segment, word")
+
+
+def check_task(engine: UiEngine, task: str) -> None:
+    if task == "translate" and "auto" not in engine.languages:
+        raise Refusal(400, "translation needs a multilingual model; this server runs an English-only one")
+
+
+PEEKED_FIELDS = frozenset({"model", "response_format", "timestamp_granularities[]", "timestamp_granularities"})
+TASK_OF_PATH = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translations": "translate"}
+
+
+def refusal_before_upload(engine: UiEngine, path: str, fields: dict[str, list[str]]) -> Refusal | None:
+    """The refusal check_request would give, where the fields a form sent before its file decide it alone (a
+    field sent twice counts by its last value, as FastAPI reads it); None when they do not."""
+    task = TASK_OF_PATH.get(path)
+    if task is None:
+        return None
+    try:
+        if "model" in fields:
+            check_model(engine, fields["model"][-1])
+        if "response_format" in fields:
+            check_response_format(fields["response_format"][-1])
+        check_granularity_names([*fields.get("timestamp_granularities[]", ()),
+                                 *fields.get("timestamp_granularities", ())])
+        check_task(engine, task)
+    except Refusal as refusal:
+        return refusal
+    return None
 
 
 def decoding_options(engine: UiEngine, req: TranscriptionRequest):

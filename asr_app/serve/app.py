@@ -3,8 +3,10 @@ the Gradio app at `/`, all over one `UiEngine` (one model pair, one scheduler, o
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
+from collections.abc import Callable
 from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
@@ -18,7 +20,15 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from asr_app.limits import LimitExceeded
-from asr_app.serve.api import RequestSlots, build_router, model_id, refusal_for
+from asr_app.serve.api import (
+    PEEKED_FIELDS,
+    RequestSlots,
+    build_router,
+    model_id,
+    refusal_before_upload,
+    refusal_for,
+)
+from asr_app.serve.form_peek import FormPeek
 from asr_app.serve.live import build_live_router
 from asr_app.serve.metrics import metrics_text
 from asr_app.serve.security import (
@@ -46,11 +56,15 @@ class UploadGate:
     it, and one sent without it (chunked) once its bytes counted while they arrive pass the bound (413), so a
     client cannot make the server spool more than the limit to disk, nor anything at all without the key.
     The bound is the upload limit (`limit_mb`, what refusals name) plus room for the form around the file.
+    The fields a form sends before its file go to `early_check` once the file begins (serve/form_peek.py): a
+    request it refuses (a model not served here) is answered without receiving the upload.
     The innermost layer: CORS answers a browser's preflight before it, and /metrics counts its answers."""
 
     def __init__(self, app: ASGIApp, limit_mb: float, api_key: str | None = None,
-                 slots: RequestSlots | None = None) -> None:
+                 slots: RequestSlots | None = None,
+                 early_check: Callable[[str, dict[str, list[str]]], Refusal | None] | None = None) -> None:
         self.app, self.limit_mb, self.api_key, self.slots = app, limit_mb, api_key, slots
+        self.early_check = early_check
         self.max_bytes = int(limit_mb * 1e6) + FORM_OVERHEAD_BYTES
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -71,34 +85,41 @@ class UploadGate:
             await _answer(send, 413, f"the request is {int(declared) / 1e6:.1f} MB; uploads of at most "
                                      f"{self.limit_mb:g} MB are accepted")
             return
-        seen, over, ended = 0, False, False
+        peek = FormPeek(headers.get("content-type"), PEEKED_FIELDS) if self.early_check else None
+        seen, ended = 0, False
+        stopped: Refusal | None = None   # why the app was told the client left: the body is not read further
 
         async def counted() -> Message:
-            nonlocal seen, over, ended
-            if over:
+            nonlocal seen, ended, stopped
+            if stopped is not None:
                 return {"type": "http.disconnect"}
             message = await receive()
             ended = message["type"] != "http.request" or not message.get("more_body", False)
             seen += len(message.get("body", b""))
-            if seen > self.max_bytes:   # the app is told the client left: it stops reading, and its answer is dropped
-                over = True
+            if seen > self.max_bytes:
+                stopped = Refusal(413, f"the upload is larger than the {self.limit_mb:g} MB that is accepted")
+            elif peek is not None and not peek.done:
+                peek.feed(message.get("body", b""))
+                if peek.file_began:   # the fields sent before the file: refused now, not after the upload
+                    stopped = self.early_check(scope["path"], peek.fields)
+            if stopped is not None:   # the app stops reading, and its answer is dropped
                 return {"type": "http.disconnect"}
             return message
 
-        async def unless_over(message: Message) -> None:
-            if not over:
+        async def unless_stopped(message: Message) -> None:
+            if stopped is None:
                 await send(message)
 
         try:
-            await self.app(scope, counted, unless_over)
+            await self.app(scope, counted, unless_stopped)
         except Exception:
-            if not over:
+            if stopped is None:
                 raise
-            log.debug("an upload past the bound ended the app's reading", exc_info=True)
-        if over:
+            log.debug("a refused upload ended the app's reading", exc_info=True)
+        if stopped is not None:
             if not ended:   # past the body's end, receive() would wait for the client to leave
                 await self._discard_rest(receive)
-            await _answer(send, 413, f"the upload is larger than the {self.limit_mb:g} MB that is accepted")
+            await _answer(send, stopped.status, stopped.message, stopped.code)
 
     @staticmethod
     async def _discard_rest(receive: Receive) -> None:
@@ -155,7 +176,8 @@ def build_app(engine: UiEngine, access: AccessSettings = AccessSettings(), mount
     slots = RequestSlots(engine.limits.max_requests)
     _install_error_handlers(app)
     # Added first, so innermost: each later layer wraps it (the answer count, then CORS).
-    app.add_middleware(UploadGate, limit_mb=engine.limits.max_upload_mb, api_key=access.api_key, slots=slots)
+    app.add_middleware(UploadGate, limit_mb=engine.limits.max_upload_mb, api_key=access.api_key, slots=slots,
+                       early_check=functools.partial(refusal_before_upload, engine))
 
     app.add_middleware(CountAnswers, answers=answers)
 
