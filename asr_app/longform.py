@@ -16,6 +16,7 @@ job's (`decoding.seeds.reseeded`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import threading
@@ -114,6 +115,10 @@ class _LongForm:
         room = max(0, options.prompt_tokens - len(self.initial_tokens))
         tail = [t for piece in previous for t in piece][-room:] if room else []
         return (self.initial_tokens + tail) or None
+
+
+class JobCancelled(ConnectionAbortedError):
+    """transcribe_many's `cancelled` was set: its caller went away, nothing more is read."""
 
 
 def split_window(tokens: list[int], timestamp_begin: int, window_s: float,
@@ -263,6 +268,7 @@ def _open(key: Any, src: str | Path | np.ndarray) -> _LongForm:
     is_path = isinstance(src, (str, Path))
     audio = AudioFileReader(src) if is_path else ArrayAudio(prepare_audio(src, SAMPLE_RATE))
     if audio.samples == 0:
+        audio.close()
         raise AudioLoadError(f"{src if is_path else 'audio array'}: no samples")
     job = _LongForm(key, str(src) if is_path else "audio array", audio)
     job.load_s = time.perf_counter() - started
@@ -312,8 +318,8 @@ def transcribe_many(decoder: Decoder, items: Iterable[tuple[Any, str | Path | np
     Up to `options.batch_size` files are decoded together. A file that cannot be loaded, read or
     decoded yields its exception and the others carry on. `on_progress(seconds)` is called
     with the audio seconds consumed after every window. `cancelled`, once set, ends the whole job at its next
-    round with ConnectionAbortedError: checked here as well as by a decoder that waits, because silent windows
-    are read and skipped without a decode.
+    round with JobCancelled (a ConnectionAbortedError): checked here as well as by a decoder that waits,
+    because silent windows are read and skipped without a decode.
     """
     decoding = dataclasses.replace(options.decoding or decoder.options, timestamps=True)
     ts_begin = _timestamp_begin(decoder)
@@ -333,7 +339,7 @@ def transcribe_many(decoder: Decoder, items: Iterable[tuple[Any, str | Path | np
     try:
         while True:
             if cancelled is not None and cancelled.is_set():
-                raise ConnectionAbortedError("the caller went away: the transcription was stopped")
+                raise JobCancelled("the caller went away: the transcription was stopped")
             yield from _fill(active, pending, initial, max(1, options.batch_size))
             if not active:
                 return
@@ -354,7 +360,8 @@ def transcribe_many(decoder: Decoder, items: Iterable[tuple[Any, str | Path | np
                 yield job.key, failed.get(id(job)) or _finish(job, decoder, decoding)
     finally:   # ended early (cancelled, or the caller stopped reading): no file is left open
         for job in active:
-            job.audio.close()
+            with contextlib.suppress(Exception):   # one that will not close leaves the others to close
+                job.audio.close()
 
 
 def _fill(active: list[_LongForm], pending: Iterator, initial: list[int], size: int):

@@ -215,3 +215,25 @@ def test_a_language_the_model_does_not_know_is_refused_before_any_decode(base_pa
         assert engine.options("off", 0.0, "German").language == "de"
     finally:
         engine.scheduler.close()
+
+
+def test_fields_read_before_an_upload_are_judged_as_fastapi_reads_them(base_pair):
+    """The upload gate's early check (serve/form_peek.py) refuses only what the endpoint itself would: the
+    translations endpoint has no granularities, an empty field counts as not sent, the last value counts."""
+    from asr_app.serve.api import refusal_before_upload
+    from asr_app.ui.engine import UiEngine
+
+    engine = UiEngine(pair=base_pair)
+    try:
+        def early(path: str, **fields: list[str]):
+            refusal = refusal_before_upload(engine, f"/v1/audio/{path}", fields)
+            return refusal and (refusal.status, refusal.message)
+
+        assert early("translations", model=["whisper-1"], **{"timestamp_granularities[]": ["bogus"]}) is None
+        assert early("transcriptions", **{"timestamp_granularities[]": ["bogus"]})[0] == 400
+        assert early("transcriptions", model=[""], response_format=[""]) is None
+        assert early("transcriptions", response_format=["srt2", "srt"]) is None
+        assert early("transcriptions", model=["whisper-1", "gpt-9"])[0] == 404
+        assert early("speech", model=["gpt-9"]) is None   # not an upload endpoint: the router answers it
+    finally:
+        engine.scheduler.close()

@@ -854,15 +854,20 @@ def test_an_answer_of_the_catch_all_handler_is_counted(tiny_en_pair):
     assert 'asr_http_responses_total{status="5xx"} 1.0' in text, text
 
 
-def test_a_client_that_leaves_a_long_silent_upload_stops_its_reading(tiny_en_pair, caplog):
+def test_a_client_that_leaves_a_long_silent_upload_stops_its_reading(tiny_en_pair, caplog, monkeypatch):
     """Two hours of silence (8 kHz FLAC, 180 KB): no window is decoded, so no decoder sees the cancellation; the
     transcription stops between windows all the same, answered as a client gone (before, the file was read to
-    its end and "transcribed" for nobody)."""
+    its end and "transcribed" for nobody). The upload's check is slowed so that the client has left before the
+    reading starts: the disconnect is then seen within milliseconds, reading the file takes seconds."""
     import logging
 
     import httpx
 
+    import asr_app.serve.api as api
     from asr_app.ui.engine import UiEngine
+
+    checked = api._checked_duration
+    monkeypatch.setattr(api, "_checked_duration", lambda *args: (time.sleep(0.6), checked(*args))[1])
 
     silence = io.BytesIO()
     with sf.SoundFile(silence, "w", 8000, 1, format="FLAC", subtype="PCM_16") as out:
@@ -873,7 +878,7 @@ def test_a_client_that_leaves_a_long_silent_upload_stops_its_reading(tiny_en_pai
         url = f"http://127.0.0.1:{port}"
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(url + "/v1/audio/transcriptions", files={"file": ("silence.flac", silence.getvalue())},
-                       data={"model": "whisper-1"}, timeout=httpx.Timeout(30, read=0.3))
+                       data={"model": "whisper-1"}, timeout=httpx.Timeout(30, read=0.2))
         deadline = time.monotonic() + 30
         while httpx.get(url + "/health", timeout=5).json()["requests"]:
             assert time.monotonic() < deadline, "the silent upload was still being read"
@@ -955,3 +960,22 @@ def test_form_peek_reads_the_fields_before_the_file_however_the_body_is_cut():
     broken = FormPeek(content_type, PEEKED_FIELDS)
     broken.feed(b"this is not multipart at all\r\n" * 10)
     assert not_a_form.done and broken.done and not broken.file_began and not broken.fields
+
+
+def test_forms_the_early_check_cannot_read_are_left_to_the_app(tiny_en_pair):
+    """A boundary python_multipart will not take (over 256 bytes) is the app's 400, never a 500 from the gate;
+    empty fields count as not sent (FastAPI's reading), so the request is transcribed with the defaults."""
+    import httpx
+
+    from asr_app.ui.engine import UiEngine
+
+    boundary = "b" * 300
+    body, content_type = _multipart([("model", b"whisper-1", None), ("file", _one_second_upload(), "a.wav")],
+                                    boundary)
+    with in_process_server(UiEngine(pair=tiny_en_pair)) as port:
+        answer, _ = _post_raw(port, body, content_type)
+        blank = httpx.post(f"http://127.0.0.1:{port}/v1/audio/transcriptions", timeout=120,
+                           files={"file": ("a.wav", _one_second_upload())},
+                           data={"model": "whisper-1", "response_format": "", "prompt": ""})
+    assert answer.startswith("HTTP/1.1 400"), answer[:300]
+    assert blank.status_code == 200 and blank.json()["text"].strip(), blank.text

@@ -28,8 +28,8 @@ from asr_app.audio import AudioLoadError
 from asr_app.decoding.text import compression_ratio
 from asr_app.languages import LANGUAGES
 from asr_app.limits import LimitExceeded
-from asr_app.longform import TranscribeOptions, transcribe
-from asr_app.scheduler import SchedulerBusy, SchedulerClosed
+from asr_app.longform import JobCancelled, TranscribeOptions, transcribe
+from asr_app.scheduler import ClientGone, SchedulerBusy, SchedulerClosed
 from asr_app.serve.security import AccessSettings, Refusal, require_key
 from asr_app.transcript import Transcript
 from asr_app.ui.engine import UiEngine
@@ -301,18 +301,22 @@ TASK_OF_PATH = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translation
 
 
 def refusal_before_upload(engine: UiEngine, path: str, fields: dict[str, list[str]]) -> Refusal | None:
-    """The refusal check_request would give, where the fields a form sent before its file decide it alone (a
-    field sent twice counts by its last value, as FastAPI reads it); None when they do not."""
+    """The refusal check_request would give, where the fields a form sent before its file decide it alone; None
+    when they do not. As FastAPI reads a form: a field sent twice counts by its last value (here the last
+    before the file: a client that sends it again after the file is answered by the first), an empty one as
+    not sent, and the translations endpoint has no granularities."""
     task = TASK_OF_PATH.get(path)
     if task is None:
         return None
+    sent = {name: [v for v in values if v] for name, values in fields.items()}
     try:
-        if "model" in fields:
-            check_model(engine, fields["model"][-1])
-        if "response_format" in fields:
-            check_response_format(fields["response_format"][-1])
-        check_granularity_names([*fields.get("timestamp_granularities[]", ()),
-                                 *fields.get("timestamp_granularities", ())])
+        if sent.get("model"):
+            check_model(engine, sent["model"][-1])
+        if sent.get("response_format"):
+            check_response_format(sent["response_format"][-1])
+        if task == "transcribe":
+            check_granularity_names([*sent.get("timestamp_granularities[]", ()),
+                                     *sent.get("timestamp_granularities", ())])
         check_task(engine, task)
     except Refusal as refusal:
         return refusal
@@ -431,7 +435,7 @@ def refusal_for(exc: BaseException) -> Refusal:
             return Refusal(503, f"the service is busy: {cause}", "server_busy")
         if isinstance(cause, SchedulerClosed):
             return Refusal(503, "the service is shutting down", "server_busy")
-        if isinstance(cause, ConnectionAbortedError):   # ClientGone, or longform stopped between windows
+        if isinstance(cause, ClientGone | JobCancelled):   # at a decode, or between windows
             return Refusal(CLIENT_GONE, "the client went away", "client_gone")
     if not any(isinstance(cause, AudioLoadError) for cause in causes):
         return Refusal(500, "the service failed while transcribing this upload (its log says why); the audio may "

@@ -32,12 +32,15 @@ class FormPeek:
         boundary = params.get(b"boundary")
         if kind != b"multipart/form-data" or not boundary:
             return
+        try:   # e.g. a boundary past python_multipart's 256 bytes: the app's parser answers it with a 400
+            self._parser = MultipartParser(boundary, callbacks={
+                "on_part_begin": self._part_begin, "on_header_field": self._header_field,
+                "on_header_value": self._header_value_part, "on_header_end": self._header_end,
+                "on_headers_finished": self._headers_finished, "on_part_data": self._part_data,
+                "on_part_end": self._part_end, "on_end": self._end})
+        except Exception:  # noqa: BLE001
+            return
         self.done = False
-        self._parser = MultipartParser(boundary, callbacks={
-            "on_part_begin": self._part_begin, "on_header_field": self._header_field,
-            "on_header_value": self._header_value_part, "on_header_end": self._header_end,
-            "on_headers_finished": self._headers_finished, "on_part_data": self._part_data,
-            "on_part_end": self._part_end, "on_end": self._end})
 
     def feed(self, chunk: bytes) -> None:
         if self.done or not chunk:
