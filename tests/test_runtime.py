@@ -296,6 +296,24 @@ def test_bf16_attention_products_round_to_bf16_and_keep_fp32_out():
 
 
 @needs_bf16
+@pytest.mark.parametrize("amx", [False, True])
+def test_bf16_attention_takes_the_fused_kernel_exactly_where_the_cpu_has_amx(monkeypatch, amx):
+    """With AMX, PyTorch's fused bf16 attention (its products on the tiles, no head's scores materialised);
+    without, the per-head oneDNN products. The same rounding either way, and each path is the one taken."""
+    import torch.nn.functional as F
+
+    from asr_app.runtime import ops
+
+    monkeypatch.setattr(ops, "cpu_has_amx", lambda: amx)
+    generator = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 3, 300, 64, generator=generator) * 0.3 for _ in range(3))
+    low = full_attention(q, k, v, product_dtype=torch.bfloat16)
+    fused = ops.merge_heads(F.scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), scale=1.0))
+    assert low.dtype == torch.float32 and 1e-4 < _relative_error(low, full_attention(q, k, v)) < 2e-2
+    assert torch.equal(low, fused.float()) == amx
+
+
+@needs_bf16
 @torch.inference_mode()
 def test_a_bf16_encoder_packs_its_products_in_bf16_and_stays_within_its_rounding(tiny_en_pair):
     from conftest import JFK_FLAC

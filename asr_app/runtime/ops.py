@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,16 @@ INT8_WIDTH_MULTIPLE = 16
 
 
 @functools.cache
+@functools.cache
+def cpu_has_amx() -> bool:
+    """Whether this CPU multiplies bf16 on AMX tiles (Intel Xeon from Sapphire Rapids on), read from the
+    kernel's CPU flags: a fact of the machine, so every process on it takes the same attention path."""
+    try:
+        return "amx_bf16" in Path("/proc/cpuinfo").read_text().split()
+    except OSError:   # not Linux: the per-head oneDNN products, as before
+        return False
+
+
 def onednn_packing_works(dtype: torch.dtype = torch.float32) -> bool:
     """Whether this torch build and CPU run `dtype` projections through oneDNN with pre-packed weights (the
     private ops PyTorch's own compiler uses on CPUs), checked once on a small case against `F.linear`."""
@@ -199,10 +210,15 @@ def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, onednn: bo
 
     `product_dtype=torch.bfloat16` (on that oneDNN path, where the CPU multiplies bf16): both products take
     bf16 inputs and give bf16 results; the softmax over the scores runs in fp32, and the output is returned in
-    fp32 (`RuntimeOptions.encoder_matmul_dtype`)."""
+    fp32 (`RuntimeOptions.encoder_matmul_dtype`). On a CPU with AMX, PyTorch's fused (flash) CPU attention in
+    bf16 does the same in blocks, its products on the AMX tiles, without materialising a head's scores: about
+    half the time of the per-head products there (docs/runtime.md, "bf16 encoder on the CPU")."""
     if not (onednn and q.device.type == "cpu" and q.dtype == torch.float32 and onednn_packing_works()):
         return merge_heads(F.scaled_dot_product_attention(q, k, v, scale=1.0))
     low = product_dtype == torch.bfloat16 and onednn_packing_works(torch.bfloat16)
+    if low and cpu_has_amx():
+        bf16 = [t.to(torch.bfloat16) for t in (q, k, v)]
+        return merge_heads(F.scaled_dot_product_attention(*bf16, scale=1.0)).float()
     batch, heads, length, head_dim = q.shape
     cast = (lambda t: t.to(torch.bfloat16)) if low else (lambda t: t)
     q, k = cast(q).contiguous(), cast(k).contiguous()
