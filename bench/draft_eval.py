@@ -38,6 +38,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-clips", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=224, help="as asr-distill's teacher pass")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--encoder-matmul-dtype", nargs="+", choices=("same", "bfloat16"), default=["same"],
+                   help="the target encoder's products (RuntimeOptions.encoder_matmul_dtype); several: each measured")
     p.add_argument("--name", default="draft_eval", help="the result file's name")
     return p.parse_args(argv)
 
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     import torch
 
+    from asr_app.decoding.options import RuntimeOptions
     from asr_app.distill.data import ClipReader, inventory
     from asr_app.distill.evaluate import decoder_figures, in_decoder
     from asr_app.distill.options import EvalOptions
@@ -94,12 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     audio = [read(c) for c in clips]
     names = [f"{c.path.name}#{c.window}" for c in clips]
     runs = {}
-    for how in args.languages:
-        options = EvalOptions(gammas=args.gammas, language=how, task=args.task)
-        found = in_decoder(pair, draft, audio, names, options, args.max_new_tokens,
-                           languages=[c.folder_language for c in clips])
-        runs[how] = decoder_figures(found)
-        print(f"{how}: exact/off {found.speedup:.2f}x, identical {found.identical}/{found.clips}", flush=True)
+    for dtype in args.encoder_matmul_dtype:
+        for how in args.languages:
+            key = how if dtype == "same" else f"{how}, {dtype} encoder"
+            options = EvalOptions(gammas=args.gammas, language=how, task=args.task)
+            found = in_decoder(pair, draft, audio, names, options, args.max_new_tokens,
+                               RuntimeOptions(encoder_matmul_dtype=dtype), languages=[c.folder_language for c in clips])
+            runs[key] = decoder_figures(found)
+            print(f"{key}: exact/off {found.speedup:.2f}x, identical {found.identical}/{found.clips}", flush=True)
     result = {"target": args.target, "draft": args.draft, "task": args.task, "clips": len(clips), "threads": args.threads,
               "minutes": sum(c.seconds for c in clips) / 60, "cpu": describe_cpu(cpu_facts(args.threads)),
               "runs": runs, "seconds": round(time.perf_counter() - began, 1)}
