@@ -90,7 +90,7 @@ def test_sizer_does_not_judge_a_size_by_its_first_batch():
 
 
 def test_a_size_judged_dearer_once_is_measured_again_now_and_then():
-    """One noisy batch of two rows must not settle one row for good (an API run on a CPU decoded 78 of its 80
+    """One noisy batch of two rows must not settle one row for good (an API run on a CPU decoded 76 of its 80
     rows one at a time that way): batches taken while four rows wait try two rows again every `retry_every`,
     and a better measurement then wins. Queries (`explore` off, as the gathering asks) change nothing."""
     sizer = BatchSizer(max_rows=4, warmup=0, retry_every=3)
