@@ -32,12 +32,6 @@ class BatchSizer:
     step, and sizes are compared at the same number of steps per row (the running mean over every batch):
     the comparison is then between sizes, not between the clips that happened to land in them.
 
-    A size judged not to pay is measured again now and then: when the best size was chosen `retry_every` times
-    while twice its rows were ready (`choose(..., explore=True)`, the batches actually taken), the next size
-    up is taken once, so one noisy batch does not settle it for good (a CPU run took one batch of two rows,
-    judged it dearer, and decoded one row at a time for the rest of its 80 rows, where batches of four took
-    0.80x the time in the decoder alone: docs/serving.md).
-
     The first `warmup` batches of each size are not counted: a size's first batch carries one-time work
     the decoder cannot all report (new workspaces, kernels tuned for the new shape, graphs captured on
     first use), and a size judged on it would never be tried again (an H100 run stayed at one row for good
@@ -45,7 +39,7 @@ class BatchSizer:
     """
 
     def __init__(self, max_rows: int, memory: float = 0.2, margin: float = 0.1, warmup: int = 1,
-                 backlog_margin: float = 0.03, retry_every: int = 16) -> None:
+                 backlog_margin: float = 0.03) -> None:
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self.sizes = [s for s in (1 << k for k in range(12)) if s <= max_rows]
@@ -56,8 +50,6 @@ class BatchSizer:
         self.costs: dict[int, _SizeCost] = {}   # batch size -> its running costs
         self.steps_per_row: float | None = None  # running mean over every counted batch
         self.seen: dict[int, int] = {}     # batch size -> batches recorded, warm-up ones included
-        self.retry_every = retry_every
-        self.passed_over: dict[int, int] = {}   # measured size -> batches taken smaller while it was possible
 
     @property
     def cost(self) -> dict[int, float]:
@@ -65,9 +57,8 @@ class BatchSizer:
         steps = self.steps_per_row or 0.0
         return {size: c.fixed + steps * c.per_step for size, c in self.costs.items()}
 
-    def choose(self, ready: int, explore: bool = False) -> int:
-        """The batch size for `ready` compatible requests (at least 1, at most `ready`); `explore`: the batch is
-        taken now, so a size passed over long enough is measured again (see the class doc)."""
+    def choose(self, ready: int) -> int:
+        """The batch size for `ready` compatible requests (at least 1, at most `ready`)."""
         usable = [s for s in self.sizes if s <= max(1, ready)]
         cost = self.cost
         for size in usable:
@@ -79,18 +70,7 @@ class BatchSizer:
         for size in usable:   # a larger batch must beat the best smaller one clearly: its rows wait longer
             if size in cost and cost[size] < cost.get(best, float("inf")) * (1 - self._margin(size, ready)):
                 best = size
-        return self._retried(best, ready) if explore else best
-
-    def _retried(self, best: int, ready: int) -> int:
-        """`best`, or once in `retry_every` batches the next measured size up, where twice its rows are ready."""
-        up = 2 * best
-        if up not in self.costs or ready < 2 * up:
-            return best
-        self.passed_over[up] = self.passed_over.get(up, 0) + 1
-        if self.passed_over[up] < self.retry_every:
-            return best
-        self.passed_over[up] = 0
-        return up
+        return best
 
     def _margin(self, size: int, ready: int) -> float:
         return self.backlog_margin if ready >= 2 * size else self.margin

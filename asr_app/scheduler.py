@@ -319,7 +319,7 @@ class Scheduler:
         """Called under the lock: the next batch, removed from the queue (see the module doc)."""
         compatible = self._candidates()
         head = compatible[0]
-        batch = compatible[: self.sizer(cost_class(head)).choose(len(compatible), explore=True)]
+        batch = compatible[: self.sizer(cost_class(head)).choose(len(compatible))]
         for request in batch:
             self._queue.remove(request)
             self._served[request.session] = self._round

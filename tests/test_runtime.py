@@ -295,6 +295,19 @@ def test_bf16_attention_products_round_to_bf16_and_keep_fp32_out():
     assert 1e-4 < _relative_error(low, reference) < 2e-2
 
 
+def test_the_cpu_probes_run_once_per_process():
+    """full_attention asks onednn_packing_works on every layer of every window: the probe (a weight reorder, a
+    product and a comparison) must be answered from its cache, as must the CPU's flags."""
+    from asr_app.runtime import ops
+
+    for probe in (ops.onednn_packing_works, ops.cpu_has_amx, ops.int8_matmul_works):
+        assert hasattr(probe, "cache_info"), probe.__name__
+    ops.onednn_packing_works()
+    hits = ops.onednn_packing_works.cache_info().hits
+    ops.onednn_packing_works()
+    assert ops.onednn_packing_works.cache_info().hits == hits + 1
+
+
 @needs_bf16
 @pytest.mark.parametrize("amx", [False, True])
 def test_bf16_attention_takes_the_fused_kernel_exactly_where_the_cpu_has_amx(monkeypatch, amx):

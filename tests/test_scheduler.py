@@ -89,22 +89,6 @@ def test_sizer_does_not_judge_a_size_by_its_first_batch():
     assert sizer.snapshot() == {1: 1.0, 2: 0.6} and sizer.choose(8) == 4
 
 
-def test_a_size_judged_dearer_once_is_measured_again_now_and_then():
-    """One noisy batch of two rows must not settle one row for good (an API run on a CPU decoded 76 of its 80
-    rows one at a time that way): batches taken while four rows wait try two rows again every `retry_every`,
-    and a better measurement then wins. Queries (`explore` off, as the gathering asks) change nothing."""
-    sizer = BatchSizer(max_rows=4, warmup=0, retry_every=3)
-    sizer.record(1, 1.0)
-    sizer.record(2, 2.4)                 # 1.2 s per row: judged dearer than one
-    assert [sizer.choose(8) for _ in range(10)] == [1] * 10
-    assert [sizer.choose(3, explore=True) for _ in range(10)] == [1] * 10   # too few waiting for two batches
-    assert [sizer.choose(8, explore=True) for _ in range(6)] == [1, 1, 2, 1, 1, 2]
-    sizer.record(2, 1.0)
-    sizer.record(2, 1.0)
-    sizer.record(2, 1.0)                 # 0.5 s per row, three times: the running cost falls below one row's
-    assert sizer.cost[2] < sizer.cost[1] and sizer.choose(8, explore=True) == 4   # and the next size is tried
-
-
 class Recording:
     """The real decoder, with the sessions of every batch it was handed written down."""
 

@@ -30,7 +30,6 @@ INT8_WIDTH_MULTIPLE = 16
 
 
 @functools.cache
-@functools.cache
 def cpu_has_amx() -> bool:
     """Whether this CPU multiplies bf16 on AMX tiles (Intel Xeon from Sapphire Rapids on), read from the
     kernel's CPU flags: a fact of the machine, so every process on it takes the same attention path."""
@@ -40,6 +39,7 @@ def cpu_has_amx() -> bool:
         return False
 
 
+@functools.cache
 def onednn_packing_works(dtype: torch.dtype = torch.float32) -> bool:
     """Whether this torch build and CPU run `dtype` projections through oneDNN with pre-packed weights (the
     private ops PyTorch's own compiler uses on CPUs), checked once on a small case against `F.linear`."""
