@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from asr_app.decoding.options import ENCODER_MATMUL_DTYPES  # noqa: E402
 from bench.report_io import cpu_facts, describe_cpu, result_path, save_results  # noqa: E402
 
 
@@ -38,7 +39,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-clips", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=224, help="as asr-distill's teacher pass")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--encoder-matmul-dtype", nargs="+", choices=("same", "bfloat16"), default=["same"],
+    p.add_argument("--encoder-matmul-dtype", nargs="+", choices=ENCODER_MATMUL_DTYPES, default=["same"],
                    help="the target encoder's products (RuntimeOptions.encoder_matmul_dtype); several: each measured")
     p.add_argument("--name", default="draft_eval", help="the result file's name")
     return p.parse_args(argv)

@@ -59,6 +59,10 @@ class TranscriptionRequest:
 WHISPER_SIZES = {(384, 4): "tiny", (512, 6): "base", (768, 12): "small", (1024, 24): "medium", (1280, 32): "large"}
 
 
+TRANSCRIPTIONS_PATH, TRANSLATIONS_PATH = "/v1/audio/transcriptions", "/v1/audio/translations"
+TASK_OF_PATH = {TRANSCRIPTIONS_PATH: "transcribe", TRANSLATIONS_PATH: "translate"}   # the routes, for the gate
+
+
 def model_id(engine: UiEngine) -> str:
     """The id `/v1/models` lists for the loaded pair: Whisper's size name read from the target's shape
     (`whisper-tiny.en`), `+draft` when a draft runs beside it. Never a server path."""
@@ -230,7 +234,7 @@ def build_router(engine: UiEngine, access: AccessSettings, slots: RequestSlots) 
             raise refusal from None
         return render(req, transcript)
 
-    @router.post("/v1/audio/transcriptions")
+    @router.post(TRANSCRIPTIONS_PATH)
     async def transcriptions(request: Request, file: UploadFile = File(...), model: str = Form(...),
                              language: str | None = Form(None), prompt: str | None = Form(None),
                              response_format: str = Form("json"), temperature: float | None = Form(None),
@@ -243,7 +247,7 @@ def build_router(engine: UiEngine, access: AccessSettings, slots: RequestSlots) 
         return await handle("transcribe", request, file, model, language, prompt, response_format, temperature,
                             granularities, stream, mode)
 
-    @router.post("/v1/audio/translations")
+    @router.post(TRANSLATIONS_PATH)
     async def translations(request: Request, file: UploadFile = File(...), model: str = Form(...),
                            prompt: str | None = Form(None), response_format: str = Form("json"),
                            temperature: float | None = Form(None), mode: str | None = Form(None)) -> Response:
@@ -297,7 +301,6 @@ def check_task(engine: UiEngine, task: str) -> None:
 
 
 PEEKED_FIELDS = frozenset({"model", "response_format", "timestamp_granularities[]", "timestamp_granularities"})
-TASK_OF_PATH = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translations": "translate"}
 
 
 def refusal_before_upload(engine: UiEngine, path: str, fields: dict[str, list[str]]) -> Refusal | None:
