@@ -269,12 +269,15 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
     drifts slows both alike); medians, the ratio of the medians, and each round's ratio."""
     import openai
 
+    from asr_app.limits import ServiceLimits
     from asr_app.longform import transcribe
     from asr_app.scheduler import Scheduler
     from asr_app.serve.cli import warm_up
     from asr_app.ui.engine import UiEngine
     paths = repeat([p for p, _ in clip_pool(count, root)], count, cycle)
-    engine = UiEngine.from_decoder(decoder).sharing(scheduler=Scheduler(decoder))
+    # every request sent at once must be let in: a 503 from --max-requests would end the run, not time it
+    limits = ServiceLimits(max_requests=max(count, ServiceLimits().max_requests))
+    engine = UiEngine.from_decoder(decoder, limits=limits).sharing(scheduler=Scheduler(decoder))
     warm_up(engine)
     host, server = start_server(engine)
     api = openai.OpenAI(base_url=f"http://{host}/v1", api_key="none", max_retries=0, timeout=600)
@@ -419,14 +422,19 @@ def main(argv: list[str] | None = None) -> int:
               "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "cpu": _cpu(),
               "encoder_matmul_dtype": args.encoder_matmul_dtype,
               "device": device_name(args.device) if args.device.startswith("cuda") else "cpu"}
+    out = Path(args.out) if args.out else result_path("serve_bench", args.device)
+
+    def save() -> None:   # after each part: a part that fails later loses nothing of the one before
+        save_results(out, json.loads(json.dumps(report, default=float)), streams_table(report), device=args.device)
+        print(f"wrote {out}", flush=True)
+
     if counts:
         report["streams"] = bench_streams(decoder, StreamingOptions(), counts, args.engines.split(","),
                                           args.context, args.audio, args.cycle_clips)
+        save()
     if args.api_requests:
         report["api"] = bench_api(decoder, args.api_requests, args.audio, args.cycle_clips, args.api_rounds)
-    out = Path(args.out) if args.out else result_path("serve_bench", args.device)
-    save_results(out, json.loads(json.dumps(report, default=float)), streams_table(report), device=args.device)
-    print(f"wrote {out}")
+        save()
     return 0
 
 
