@@ -10,9 +10,10 @@
 #   bash bench/gpu_check.sh serve     # serve_bench: up to 64 live streams and 64 API requests (needs /tmp/models
 #                                     # and the serving wheels: FastAPI, uvicorn, websockets, openai)
 #   bash bench/gpu_check.sh serve_engines  # the same streams through the one-lock engine and fixed-length prompts
+#   bash bench/gpu_check.sh layers    # api_layers: 64 requests through decoder, transcribe, scheduler and HTTP in turn
 #   bash bench/gpu_check.sh stream    # stream_bench: one stream's latency and WER, off / exact, on 4 test clips
 #   bash bench/gpu_check.sh eval      # asr-eval Table 1 (baseline / exact / sigmoid, T = 1) on the test clips
-#   bash bench/gpu_check.sh all       # all nine, in that order
+#   bash bench/gpu_check.sh all       # all ten, in that order
 #   bash bench/gpu_check.sh tests large tiny    # several stages in one call
 #
 # Measured on an H200 (2026-11-26): tests 160 s, large 80 s, tiny 52 s, batch 133 s, profile 38 s, so
@@ -115,6 +116,12 @@ run_serve_engines() {  # beside it: the old one-lock engine, and live prompts cu
         --engines scheduler+context+prompt --api-requests 0 --out "$RESULTS/serve_bench_prompt.json"
 }
 
+run_layers() {  # where a served request's time goes, and where batching's gain is lost (bench/api_layers.py)
+    serve_clips || return
+    stage layers 300 python3 bench/api_layers.py --models "$MODELS" --audio tests/data/audio --cycle-clips \
+        --device cuda --threads 4 --requests 64 --batch 8 --out "$RESULTS/api_layers.json"
+}
+
 run_stream() {  # the streaming pipeline alone on the GPU, paced in real time (4 clips, about 40 s of speech)
     real_models || { echo "== stream: skipped, no real pair at $MODELS" | tee -a "$SUMMARY"; return; }
     local libri=tests/data/audio/librispeech/LibriSpeech/test-clean/1089
@@ -143,11 +150,12 @@ for what in "${@:-all}"; do
         batch) run_batch ;;
         serve) run_serve ;;
         serve_engines) run_serve_engines ;;
+        layers) run_layers ;;
         stream) run_stream ;;
         eval) run_eval ;;
-        all) run_tests; run_large; run_profile; run_tiny; run_batch; run_serve; run_serve_engines; run_stream
+        all) run_tests; run_large; run_profile; run_tiny; run_batch; run_serve; run_serve_engines; run_layers; run_stream
              run_eval ;;
-        *) echo "usage: bash bench/gpu_check.sh [tests|large|profile|tiny|batch|serve|serve_engines|stream|eval|all]..." >&2
+        *) echo "usage: bash bench/gpu_check.sh [tests|large|profile|tiny|batch|serve|serve_engines|layers|stream|eval|all]..." >&2
            exit 2 ;;
     esac
 done

@@ -258,3 +258,25 @@ def test_encoder_dtype_bench_reports_speed_words_and_identity(tmp_path, monkeypa
     assert report["words"]["clips_with_transcripts"] == 2 and report["words"]["wer_same"] is not None
     assert report["exact_equals_off"] is True and report["whole_bf16"]["seconds"] > 0
     assert "| bf16 |" in out.with_suffix(".md").read_text()
+
+
+def test_api_layers_times_every_layer_both_ways_and_compares_the_texts(tmp_path, monkeypatch, one_torch_thread):
+    # Three clips through the decoder, transcribe(), the scheduler and a real server with the openai client:
+    # each layer's rows, the batches the scheduler formed, and every text against transcribe()'s.
+    from conftest import AUDIO_DIR, MODELS_DIR
+
+    bench = import_bench(monkeypatch, "api_layers.py")
+    out = tmp_path / "api_layers.json"
+    assert bench.main(["--models", str(MODELS_DIR), "--audio", str(AUDIO_DIR), "--requests", "3", "--batch", "2",
+                       "--threads", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    layers = report["layers"]
+    assert list(layers) == ["decoder", "transcribe", "scheduler", "http"]
+    assert all(row["one_s"] > 0 for row in layers.values())
+    assert all(layers[name]["together_s"] > 0 for name in ("decoder", "scheduler", "http"))
+    assert "together_s" not in layers["transcribe"]
+    for name in ("scheduler", "http"):   # every request's rows were decoded, in batches of some size
+        assert sum(int(k) * n for k, n in layers[name]["batches_by_rows"].items()) >= 3
+    assert report["identical"] is True   # fp32 on a CPU: every layer gives transcribe()'s text
+    table = out.with_suffix(".md").read_text()
+    assert table.count("\n| ") == 5 and "| transcribe |" in table and "| - | - | - |" in table
