@@ -403,8 +403,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--encoder-matmul-dtype", default="same", choices=ENCODER_MATMUL_DTYPES,
                         help="RuntimeOptions.encoder_matmul_dtype of the decoder every engine shares")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="the interpreter's thread switch interval (sys.setswitchinterval; Python's own: 5)")
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/<device>/<date>/serve_bench.json)")
     args = parser.parse_args(argv)
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
     import torch
 
     from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
@@ -420,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     from report_io import device_name, result_path, save_results
     report = {"command": " ".join(["python", "bench/serve_bench.py", *(argv or sys.argv[1:])]),
               "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "cpu": _cpu(),
-              "encoder_matmul_dtype": args.encoder_matmul_dtype,
+              "encoder_matmul_dtype": args.encoder_matmul_dtype, "switch_interval_ms": 1000 * sys.getswitchinterval(),
               "device": device_name(args.device) if args.device.startswith("cuda") else "cpu"}
     out = Path(args.out) if args.out else result_path("serve_bench", args.device)
 
