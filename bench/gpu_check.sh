@@ -11,9 +11,11 @@
 #                                     # and the serving wheels: FastAPI, uvicorn, websockets, openai)
 #   bash bench/gpu_check.sh serve_engines  # the same streams through the one-lock engine and fixed-length prompts
 #   bash bench/gpu_check.sh layers    # api_layers: 64 requests through decoder, transcribe, scheduler and HTTP in turn
+#   bash bench/gpu_check.sh gil       # gil_probe: a decode beside a thread spinning in Python, switch interval 0.1-5 ms;
+#                                     # then serve_bench's streams and API with the interval at 0.5 ms
 #   bash bench/gpu_check.sh stream    # stream_bench: one stream's latency and WER, off / exact, on 4 test clips
 #   bash bench/gpu_check.sh eval      # asr-eval Table 1 (baseline / exact / sigmoid, T = 1) on the test clips
-#   bash bench/gpu_check.sh all       # all ten, in that order
+#   bash bench/gpu_check.sh all       # all eleven, in that order
 #   bash bench/gpu_check.sh tests large tiny    # several stages in one call
 #
 # Measured on an H200 (2026-11-26): tests 160 s, large 80 s, tiny 52 s, batch 133 s, profile 38 s, so
@@ -122,6 +124,14 @@ run_layers() {  # where a served request's time goes, and where batching's gain 
         --device cuda --threads 4 --requests 64 --batch 8 --out "$RESULTS/api_layers.json"
 }
 
+run_gil() {  # how much the interpreter lock makes the decoder wait, alone and in the server (bench/gil_probe.py)
+    serve_clips || return
+    stage gil 120 python3 bench/gil_probe.py --models "$MODELS" --device cuda --threads 4 --busy 1 \
+        --intervals-ms 0.1 0.5 5 --out "$RESULTS/gil_probe.json"
+    stage serve_switch 300 python3 bench/serve_bench.py "${SERVE_ARGS[@]}" --streams 8,32 --engines scheduler \
+        --api-requests 64 --switch-interval-ms 0.5 --out "$RESULTS/serve_bench_switch0.5.json"
+}
+
 run_stream() {  # the streaming pipeline alone on the GPU, paced in real time (4 clips, about 40 s of speech)
     real_models || { echo "== stream: skipped, no real pair at $MODELS" | tee -a "$SUMMARY"; return; }
     local libri=tests/data/audio/librispeech/LibriSpeech/test-clean/1089
@@ -151,11 +161,12 @@ for what in "${@:-all}"; do
         serve) run_serve ;;
         serve_engines) run_serve_engines ;;
         layers) run_layers ;;
+        gil) run_gil ;;
         stream) run_stream ;;
         eval) run_eval ;;
-        all) run_tests; run_large; run_profile; run_tiny; run_batch; run_serve; run_serve_engines; run_layers; run_stream
+        all) run_tests; run_large; run_profile; run_tiny; run_batch; run_serve; run_serve_engines; run_layers; run_gil; run_stream
              run_eval ;;
-        *) echo "usage: bash bench/gpu_check.sh [tests|large|profile|tiny|batch|serve|serve_engines|layers|stream|eval|all]..." >&2
+        *) echo "usage: bash bench/gpu_check.sh [tests|large|profile|tiny|batch|serve|serve_engines|layers|gil|stream|eval|all]..." >&2
            exit 2 ;;
     esac
 done

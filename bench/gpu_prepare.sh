@@ -59,7 +59,7 @@ for p in "${parts[@]}"; do
     i=$((i + 1))
 done
 cat <<CALLS
-  then, no carry: bash bench/gpu_check.sh layers | serve_engines | large tiny | batch profile | stream eval
+  then, no carry: bash bench/gpu_check.sh layers | gil | serve_engines | large tiny | batch profile | stream eval
 What comes back: \$OUT/gpu_check.tgz (every call's logs and results so far) and summary.txt; here,
 tar xzf it and copy its results/* into bench/results/.
 CALLS

@@ -280,3 +280,21 @@ def test_api_layers_times_every_layer_both_ways_and_compares_the_texts(tmp_path,
     assert report["identical"] is True   # fp32 on a CPU: every layer gives transcribe()'s text
     table = out.with_suffix(".md").read_text()
     assert table.count("\n| ") == 5 and "| transcribe |" in table and "| - | - | - |" in table
+
+
+def test_gil_probe_times_a_decode_alone_and_beside_a_spinning_thread(tmp_path, monkeypatch, one_torch_thread):
+    # One interval, one decode each way: both rows, their ratio in the table, the interval put back after.
+    import sys as _sys
+
+    from conftest import MODELS_DIR
+
+    probe = import_bench(monkeypatch, "gil_probe.py")
+    before = _sys.getswitchinterval()
+    out = tmp_path / "gil_probe.json"
+    assert probe.main(["--models", str(MODELS_DIR), "--intervals-ms", "0.1", "--repeats", "1", "--out", str(out)]) == 0
+    assert _sys.getswitchinterval() == before
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["interval_ms"], r["busy_threads"]) for r in rows] == [(0.1, 0), (0.1, 1)]
+    assert all(r["median_s"] > 0 and r["target_calls"] > 0 for r in rows)
+    table = out.with_suffix(".md").read_text()
+    assert "| 0.1 | 0 |" in table and "| 0.1 | 1 |" in table and table.count("1.0x") >= 1
