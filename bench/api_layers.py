@@ -27,33 +27,51 @@ import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import serve_bench
 from report_io import device_name, result_path, save_results
 
-from asr_app.audio import load_audio
+
+@dataclass
+class Timed:
+    """Seconds of each round of one way of sending the clips, and each round's texts."""
+    seconds: list[float] = field(default_factory=list)
+    texts: list[list[str]] = field(default_factory=list)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
 
 
-def timed(fn, rounds: int) -> tuple[float, list]:
-    """The median wall time of `rounds` calls of fn, and the last call's result."""
-    times, result = [], None
+def timed(fn, rounds: int) -> Timed:
+    """`rounds` calls of fn (each returns the clips' texts), timed."""
+    out = Timed()
     for _ in range(rounds):
         started = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times), result
+        texts = fn()
+        out.seconds.append(time.perf_counter() - started)
+        out.texts.append(texts)
+    return out
 
 
-def decoder_rows(decoder, options, audio: list, batch: int, rounds: int) -> dict:
-    """The decoder alone: one clip per call, then `batch` per call (the same options the API decodes with)."""
-    one_s, _ = timed(lambda: [decoder.decode([a], options) for a in audio], rounds)
+def layer_row(one: Timed, together: Timed | None = None, how: str = "", batches: dict | None = None) -> dict:
+    row = {"one_s": one.median_s, "one_rounds_s": one.seconds}
+    if together is not None:
+        row |= {"together_s": together.median_s, "together_rounds_s": together.seconds, "together": how}
+    return row | (batches or {})
+
+
+def decoder_layer(decoder, options, audio: list, batch: int, rounds: int) -> tuple[dict, list[list[str]]]:
+    """The decoder alone: one clip per call, then `batch` per call (the options the API decodes with)."""
     groups = [audio[i:i + batch] for i in range(0, len(audio), batch)]
-    batched_s, _ = timed(lambda: [decoder.decode(g, options) for g in groups], rounds)
-    return {"one_s": one_s, "together_s": batched_s, "together": f"batches of {batch}"}
+    one = timed(lambda: [r.text for a in audio for r in decoder.decode([a], options)], rounds)
+    together = timed(lambda: [r.text for g in groups for r in decoder.decode(g, options)], rounds)
+    return layer_row(one, together, f"batches of {batch}"), one.texts + together.texts
 
 
-def scheduled_rows(engine, options, paths: list[Path], rounds: int) -> tuple[dict, list[str]]:
+def scheduler_layer(engine, options, paths: list[Path], rounds: int) -> tuple[dict, list[list[str]]]:
     """transcribe() through the scheduler, one at a time and all at once; the batches the second formed."""
     from asr_app.longform import TranscribeOptions, transcribe
 
@@ -61,15 +79,15 @@ def scheduled_rows(engine, options, paths: list[Path], rounds: int) -> tuple[dic
         client = engine.scheduler.client(options, session=f"bench-{id(path)}-{time.perf_counter_ns()}")
         return transcribe(client, path, TranscribeOptions(decoding=options)).text
 
-    one_s, texts = timed(lambda: [one(p) for p in paths], rounds)
+    alone = timed(lambda: [one(p) for p in paths], rounds)
     before = engine.scheduler.metrics()
     with ThreadPoolExecutor(len(paths)) as pool:
-        together_s, together = timed(lambda: list(pool.map(one, paths)), rounds)
-    return {"one_s": one_s, "together_s": together_s, "together": f"{len(paths)} threads",
-            **formed(before, engine.scheduler.metrics())}, texts + together
+        together = timed(lambda: list(pool.map(one, paths)), rounds)
+    row = layer_row(alone, together, f"{len(paths)} threads", batches_formed(before, engine.scheduler.metrics()))
+    return row, alone.texts + together.texts
 
 
-def http_rows(engine, paths: list[Path], rounds: int) -> tuple[dict, list[str]]:
+def http_layer(engine, paths: list[Path], rounds: int) -> tuple[dict, list[list[str]]]:
     """The same through a real asr-serve app and the openai client."""
     import openai
     host, server = serve_bench.start_server(engine)
@@ -81,23 +99,26 @@ def http_rows(engine, paths: list[Path], rounds: int) -> tuple[dict, list[str]]:
 
     try:
         send(paths[0])   # the server's first request (imports, the spool folder)
-        one_s, texts = timed(lambda: [send(p) for p in paths], rounds)
+        alone = timed(lambda: [send(p) for p in paths], rounds)
         before = engine.scheduler.metrics()
         with ThreadPoolExecutor(len(paths)) as pool:
-            together_s, together = timed(lambda: list(pool.map(send, paths)), rounds)
+            together = timed(lambda: list(pool.map(send, paths)), rounds)
     finally:
+        api.close()
         server.should_exit = True
-    return {"one_s": one_s, "together_s": together_s, "together": f"{len(paths)} clients",
-            **formed(before, engine.scheduler.metrics())}, texts + together
+    row = layer_row(alone, together, f"{len(paths)} clients", batches_formed(before, engine.scheduler.metrics()))
+    return row, alone.texts + together.texts
 
 
-def formed(before, after) -> dict:
+def batches_formed(before, after) -> dict:
     """The batches formed between two scheduler metrics, by rows, and the sizer's seconds per row at the end."""
     batches = {k: n - before.rows_per_batch.get(k, 0) for k, n in after.rows_per_batch.items()}
     return {"batches_by_rows": {k: n for k, n in sorted(batches.items()) if n}, "sizer_s_per_row": after.sizer}
 
 
 def make_engine(decoder, requests: int):
+    """An engine with its own scheduler (each layer starts with a sizer that has measured nothing) that lets
+    in `requests` transcriptions at once."""
     from asr_app.limits import ServiceLimits
     from asr_app.scheduler import Scheduler
     from asr_app.serve.cli import warm_up
@@ -106,6 +127,14 @@ def make_engine(decoder, requests: int):
     engine = UiEngine.from_decoder(decoder, limits=limits).sharing(scheduler=Scheduler(decoder))
     warm_up(engine)   # as asr-serve does (a GPU only)
     return engine
+
+
+def with_engine(decoder, requests: int, layer, *args) -> tuple[dict, list[list[str]]]:
+    engine = make_engine(decoder, requests)
+    try:
+        return layer(engine, *args)
+    finally:
+        engine.scheduler.close()
 
 
 def table(report: dict) -> str:
@@ -125,8 +154,27 @@ def table(report: dict) -> str:
                     if "together_s" in row else "- | - | -")
         lines.append(f"| {name} | {row['one_s']:.2f} | {per:.0f} | {added} | {together} | {batches} |")
         below = per
-    lines += ["", f"Texts identical to `transcribe()` in every layer and way: {report['identical']}"]
+    same = report["identical"]
+    lines += ["", "Every round's texts, one at a time and all at once, identical to `transcribe()`'s: "
+              + ", ".join(f"{name} {'yes' if ok else 'NO'}" for name, ok in same.items())
+              + ". The layers run in this order on one decoder; the scheduler and http layers each start a"
+              " scheduler of their own."]
     return "\n".join(lines)
+
+
+def clips(count: int, root: Path | None, cycle: bool) -> tuple[list[Path], list]:
+    """Up to `count` real clips of at most 30 s (the decoder layer decodes each in one call), and their samples."""
+    from asr_app.audio import load_audio
+    pool = [p for p, _ in serve_bench.clip_pool(10 * count, root)]
+    paths, audio = [], []
+    for path in pool:
+        samples = load_audio(str(path))
+        if len(samples) <= 30 * 16_000:
+            paths.append(path)
+            audio.append(samples)
+        if len(paths) == count:
+            break
+    return serve_bench.repeat(paths, count, cycle), serve_bench.repeat(audio, count, cycle)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,30 +195,27 @@ def main(argv: list[str] | None = None) -> int:
     from asr_app.longform import TranscribeOptions, transcribe
     from asr_app.models import load_pair
     from asr_app.serve.api import TranscriptionRequest, decoding_options
+    from asr_app.ui.engine import UiEngine
     torch.set_num_threads(args.threads)
     pair = load_pair(target=str(args.models / "whisper-tiny.en"), draft=str(args.models / "distil-tiny.en-draft"),
                      device=args.device)
     decoder = SpeculativeDecoder(pair, DecodingOptions(mode="exact"))
-    paths = serve_bench.repeat([p for p, _ in serve_bench.clip_pool(args.requests, args.audio)], args.requests,
-                               args.cycle_clips)
-    audio = [load_audio(str(p)) for p in paths]
-    engine = make_engine(decoder, len(paths))
-    options = decoding_options(engine, TranscriptionRequest("transcribe", "whisper-1", None, None, "json", 0.0,
-                                                            (), False, None))
+    paths, audio = clips(args.requests, args.audio, args.cycle_clips)
+    options = decoding_options(UiEngine.from_decoder(decoder), TranscriptionRequest(
+        "transcribe", "whisper-1", None, None, "json", 0.0, (), False, None))
     reference = [transcribe(decoder, p, TranscribeOptions(decoding=options)).text for p in paths]   # warms up too
-    layers: dict[str, dict] = {}
-    layers["decoder"] = decoder_rows(decoder, options, audio, args.batch, args.rounds)
-    one_s, texts = timed(lambda: [transcribe(decoder, p, TranscribeOptions(decoding=options)).text for p in paths],
-                         args.rounds)
-    layers["transcribe"] = {"one_s": one_s}   # all at once needs a queue: the decoder serves one caller at a time
-    layers["scheduler"], scheduled = scheduled_rows(engine, options, paths, args.rounds)
-    layers["http"], served = http_rows(engine, paths, args.rounds)
-    engine.scheduler.close()
-    every = [texts, scheduled[:len(paths)], scheduled[len(paths):], served[:len(paths)], served[len(paths):]]
+    layers, texts = {}, {}
+    layers["decoder"], texts["decoder"] = decoder_layer(decoder, options, audio, args.batch, args.rounds)
+    direct = timed(lambda: [transcribe(decoder, p, TranscribeOptions(decoding=options)).text for p in paths],
+                   args.rounds)
+    layers["transcribe"], texts["transcribe"] = layer_row(direct), direct.texts   # all at once needs a queue
+    layers["scheduler"], texts["scheduler"] = with_engine(decoder, len(paths), scheduler_layer, options, paths,
+                                                          args.rounds)
+    layers["http"], texts["http"] = with_engine(decoder, len(paths), http_layer, paths, args.rounds)
     report = {"command": " ".join(["python", "bench/api_layers.py", *(argv or sys.argv[1:])]),
               "requests": len(paths), "audio_s": sum(len(a) for a in audio) / 16_000, "threads": args.threads,
-              "rounds": args.rounds, "device": device_name(args.device) if args.device.startswith("cuda") else
-              serve_bench._cpu(), "layers": layers, "identical": all(t == reference for t in every)}
+              "rounds": args.rounds, "device": device_name(args.device), "layers": layers,
+              "identical": {name: all(t == reference for t in rounds) for name, rounds in texts.items()}}
     out = Path(args.out) if args.out else result_path("api_layers", args.device)
     text = table(report)
     save_results(out, json.loads(json.dumps(report, default=float)), text, device=args.device)

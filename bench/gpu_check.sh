@@ -12,7 +12,7 @@
 #   bash bench/gpu_check.sh serve_engines  # the same streams through the one-lock engine and fixed-length prompts
 #   bash bench/gpu_check.sh layers    # api_layers: 64 requests through decoder, transcribe, scheduler and HTTP in turn
 #   bash bench/gpu_check.sh gil       # gil_probe: a decode beside a thread spinning in Python, switch interval 0.1-5 ms;
-#                                     # then serve_bench's streams and API with the interval at 0.5 ms
+#                                     # then serve_bench at N = 32 and 64 API requests, interval 5 then 0.5 ms
 #   bash bench/gpu_check.sh stream    # stream_bench: one stream's latency and WER, off / exact, on 4 test clips
 #   bash bench/gpu_check.sh eval      # asr-eval Table 1 (baseline / exact / sigmoid, T = 1) on the test clips
 #   bash bench/gpu_check.sh all       # all eleven, in that order
@@ -97,21 +97,21 @@ run_batch() {  # batched throughput: the large-v2 shape (random weights), then t
         --out "$RESULTS/batch_bench.json"
 }
 
-serve_clips() {  # the repository's test clips with transcripts (11), repeated up to 64 streams
+serve_clips() {  # serve_clips STAGE: the repository's test clips with transcripts (11), repeated up to 64 streams
     SERVE_ARGS=(--models "$MODELS" --audio tests/data/audio --cycle-clips --device cuda --threads 4)
     real_models && return 0
-    echo "== serve: skipped, no real pair at $MODELS (../shared/gpu/README.md)" | tee -a "$SUMMARY"
+    echo "== $1: skipped, no real pair at $MODELS (../shared/gpu/README.md)" | tee -a "$SUMMARY"
     return 1
 }
 
 run_serve() {  # the scheduler's batching where it should pay: N live streams over a real asr-serve, 64 API requests
-    serve_clips || return
+    serve_clips serve || return
     stage serve 300 python3 bench/serve_bench.py "${SERVE_ARGS[@]}" --streams 1,8,32,64 --engines scheduler \
         --api-requests 64 --out "$RESULTS/serve_bench.json"
 }
 
 run_serve_engines() {  # beside it: the old one-lock engine, and live prompts cut to one length so rows batch
-    serve_clips || return
+    serve_clips serve_engines || return
     stage serve_lock 150 python3 bench/serve_bench.py "${SERVE_ARGS[@]}" --streams 1,32 --engines lock \
         --api-requests 0 --out "$RESULTS/serve_bench_lock.json"
     stage serve_prompt 200 python3 bench/serve_bench.py "${SERVE_ARGS[@]}" --streams 1,8,32,64 \
@@ -119,17 +119,20 @@ run_serve_engines() {  # beside it: the old one-lock engine, and live prompts cu
 }
 
 run_layers() {  # where a served request's time goes, and where batching's gain is lost (bench/api_layers.py)
-    serve_clips || return
+    serve_clips layers || return
     stage layers 300 python3 bench/api_layers.py --models "$MODELS" --audio tests/data/audio --cycle-clips \
         --device cuda --threads 4 --requests 64 --batch 8 --out "$RESULTS/api_layers.json"
 }
 
 run_gil() {  # how much the interpreter lock makes the decoder wait, alone and in the server (bench/gil_probe.py)
-    serve_clips || return
+    serve_clips gil || return
     stage gil 120 python3 bench/gil_probe.py --models "$MODELS" --device cuda --threads 4 --busy 1 \
         --intervals-ms 0.1 0.5 5 --out "$RESULTS/gil_probe.json"
-    stage serve_switch 300 python3 bench/serve_bench.py "${SERVE_ARGS[@]}" --streams 8,32 --engines scheduler \
-        --api-requests 64 --switch-interval-ms 0.5 --out "$RESULTS/serve_bench_switch0.5.json"
+    local ms
+    for ms in 5 0.5; do   # one pair (a device call runs at most 10 minutes): read it beside the serve stage's run
+        stage "serve_switch$ms" 150 python3 bench/serve_bench.py "${SERVE_ARGS[@]}" --streams 32 --engines scheduler \
+            --api-requests 64 --switch-interval-ms "$ms" --out "$RESULTS/serve_bench_switch${ms}_$(date +%H%M%S).json"
+    done
 }
 
 run_stream() {  # the streaming pipeline alone on the GPU, paced in real time (4 clips, about 40 s of speech)

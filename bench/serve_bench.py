@@ -331,9 +331,9 @@ def text_differences(paths: list[Path], offline: list[str], rounds_texts: list[l
 
 def streams_table(report: dict) -> str:
     """Final-word latency of N live streams per engine (p50 / p90 / worst, seconds), WER, and the API row."""
-    bf16 = report.get("encoder_matmul_dtype") == "bfloat16"
+    settings = changed_settings(report)
     if "streams" not in report:  # --streams 0: the API only
-        return ("Encoder products in bf16 (`--encoder-matmul-dtype bfloat16`). " if bf16 else "") + api_line(report["api"])
+        return "".join(f"{n[0].upper()}{n[1:]}. " for n in settings) + api_line(report["api"])
     streams = report["streams"]
     engines = [e for e in ENGINES if e in streams]
     counts = sorted({int(n) for e in engines for n in streams[e]["streams"]})
@@ -347,7 +347,7 @@ def streams_table(report: dict) -> str:
     lines = [f"tiny.en + distilled draft, `exact`, {report['threads']} threads, {clips} real clips{repeated} "
              f"({sum(streams['clips_s']):.0f} s) streamed at real-time pace over the WebSocket; encoder context "
              f"{streams['context_s']:g} s for `scheduler+context`; {where}"
-             + ("; encoder products in bf16 (`--encoder-matmul-dtype bfloat16`)" if bf16 else ""),
+             + "".join(f"; {n}" for n in settings),
              "",
              "| engine | N | p50 s | p90 s | worst s | mean WER | worst WER - alone |" + offline[0],
              "|---|---|---|---|---|---|---|" + offline[1]]
@@ -363,6 +363,17 @@ def streams_table(report: dict) -> str:
     if report.get("api"):
         lines += ["", api_line(report["api"])]
     return "\n".join(lines)
+
+
+def changed_settings(report: dict) -> list[str]:
+    """A phrase for each setting the run changed from its default: bf16 encoder products, the switch interval."""
+    notes = []
+    if report.get("encoder_matmul_dtype") == "bfloat16":
+        notes.append("encoder products in bf16 (`--encoder-matmul-dtype bfloat16`)")
+    interval = report.get("switch_interval_ms")
+    if interval is not None and abs(interval - 5.0) > 1e-9:
+        notes.append(f"thread switch interval {interval:g} ms (`--switch-interval-ms`; Python's own 5 ms)")
+    return notes
 
 
 def api_line(api: dict) -> str:
@@ -407,8 +418,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="the interpreter's thread switch interval (sys.setswitchinterval; Python's own: 5)")
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/<device>/<date>/serve_bench.json)")
     args = parser.parse_args(argv)
+    default_interval = sys.getswitchinterval()
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
+    try:
+        return run(args, argv)
+    finally:
+        sys.setswitchinterval(default_interval)   # main() is also called in-process (tests)
+
+
+def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     import torch
 
     from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
