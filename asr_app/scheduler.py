@@ -205,6 +205,7 @@ class Scheduler:
             count, total = self._latencies.totals()
             return dataclasses.replace(
                 self._metrics, queue_depth=len(self._queue), rows_per_batch=dict(self._metrics.rows_per_batch),
+                choices=self._metrics.copy_choices(),
                 latencies=self._latencies.snapshot(), latency_count=count, latency_sum=total,
                 sizer={kind: sizer.snapshot() for kind, sizer in sorted(self._sizers.items())})
 
@@ -319,7 +320,9 @@ class Scheduler:
         """Called under the lock: the next batch, removed from the queue (see the module doc)."""
         compatible = self._candidates()
         head = compatible[0]
-        batch = compatible[: self.sizer(cost_class(head)).choose(len(compatible))]
+        kind = cost_class(head)
+        batch = compatible[: self.sizer(kind).choose(len(compatible))]
+        self._metrics.note_choice(kind, len(compatible), len(batch), 2 * self._max_rows)
         for request in batch:
             self._queue.remove(request)
             self._served[request.session] = self._round

@@ -51,6 +51,9 @@ class SchedulerMetrics:
     latency_count: dict[str, int] = field(default_factory=dict)    # priority name -> requests since the start
     latency_sum: dict[str, float] = field(default_factory=dict)    # ... and their summed seconds
     sizer: dict[str, dict[int, float]] = field(default_factory=dict)   # cost class -> batch size -> s per row
+    # cost class -> rows that could have joined the batch -> rows the sizer took -> batches: what each batch size
+    # was chosen from (ready counts above the largest batch's twice are counted there: the dict stays small)
+    choices: dict[str, dict[int, dict[int, int]]] = field(default_factory=dict)
     resent: int = 0      # rows sent again after the decoder replica holding them was lost (--engine ray)
     trims: int = 0       # times freed memory was given back to the system after an idle spell
     gathers: int = 0     # batches that waited for more file rows arriving (SchedulerOptions.gather_s)
@@ -74,6 +77,33 @@ class SchedulerMetrics:
             self.workspaces, self.workspace_rows = stats.workspaces, stats.rows
             self.workspace_evictions, self.graph_evictions = stats.evictions, stats.graph_evictions
             self.graph_captures, self.graph_capture_s = stats.captures, stats.capture_s
+
+    def note_choice(self, kind: str, ready: int, rows: int, cap: int) -> None:
+        """A batch of `rows` taken where `ready` rows of cost class `kind` could have joined it (at most `cap`)."""
+        taken = self.choices.setdefault(kind, {}).setdefault(min(ready, cap), {})
+        taken[rows] = taken.get(rows, 0) + 1
+
+    def copy_choices(self) -> dict[str, dict[int, dict[int, int]]]:
+        return {kind: {ready: dict(taken) for ready, taken in by_ready.items()} for kind, by_ready in self.choices.items()}
+
+    def add_choices(self, other: SchedulerMetrics) -> None:
+        """Adds `other`'s choices to these (the figures of several replicas summed)."""
+        for kind, by_ready in other.choices.items():
+            for ready, taken in by_ready.items():
+                mine = self.choices.setdefault(kind, {}).setdefault(ready, {})
+                for rows, count in taken.items():
+                    mine[rows] = mine.get(rows, 0) + count
+
+    def choices_since(self, before: SchedulerMetrics) -> dict[str, dict[int, dict[int, int]]]:
+        """The choices made after `before` was copied (every count that grew)."""
+        grown: dict[str, dict[int, dict[int, int]]] = {}
+        for kind, by_ready in self.choices.items():
+            for ready, taken in by_ready.items():
+                for rows, count in taken.items():
+                    new = count - before.choices.get(kind, {}).get(ready, {}).get(rows, 0)
+                    if new:
+                        grown.setdefault(kind, {}).setdefault(ready, {})[rows] = new
+        return grown
 
     def count_batch(self, clips: Sequence[np.ndarray], outcomes: Sequence, seconds: float) -> None:
         """One decoded batch: its rows, time, and each row's audio and drafts (or its failure)."""

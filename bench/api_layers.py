@@ -113,7 +113,8 @@ def http_layer(engine, paths: list[Path], rounds: int) -> tuple[dict, list[list[
 def batches_formed(before, after) -> dict:
     """The batches formed between two scheduler metrics, by rows, and the sizer's seconds per row at the end."""
     batches = {k: n - before.rows_per_batch.get(k, 0) for k, n in after.rows_per_batch.items()}
-    return {"batches_by_rows": {k: n for k, n in sorted(batches.items()) if n}, "sizer_s_per_row": after.sizer}
+    return {"batches_by_rows": {k: n for k, n in sorted(batches.items()) if n}, "sizer_s_per_row": after.sizer,
+            "choices": after.choices_since(before)}   # kind -> rows ready -> rows taken -> batches
 
 
 def make_engine(decoder, requests: int):

@@ -246,6 +246,7 @@ def bench_streams(decoder, streaming, counts: list[int], engines: list[str], con
         metrics = engine.scheduler.metrics()
         report[name] = {"alone_wer": alone_wer, "alone": alone_lat, "streams": rows,
                         "batches_by_rows": metrics.rows_per_batch, "sizer_s_per_row": metrics.sizer,
+                        "choices": metrics.choices,   # kind -> rows ready -> rows taken -> batches
                         "graphs": graph_figures(metrics)}   # the whole run: warm-up and clips alone too
         server.should_exit = True
         engine.scheduler.close()
@@ -272,6 +273,7 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
     from asr_app.limits import ServiceLimits
     from asr_app.longform import transcribe
     from asr_app.scheduler import Scheduler
+    from asr_app.scheduler_metrics import SchedulerMetrics
     from asr_app.serve.cli import warm_up
     from asr_app.ui.engine import UiEngine
     paths = repeat([p for p, _ in clip_pool(count, root)], count, cycle)
@@ -291,6 +293,7 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
     seq_times, conc_times, rounds_texts = [], [], []
     batches: collections.Counter = collections.Counter()   # the concurrent rounds' batches, by rows
     gathers, gather_s = 0, 0.0
+    choices = SchedulerMetrics()   # the concurrent rounds' sizer choices, summed
     for _ in range(rounds):
         started = time.perf_counter()
         sequential = [send(p) for p in paths]
@@ -303,6 +306,7 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
         after = engine.scheduler.metrics()
         batches.update({k: n - before.rows_per_batch.get(k, 0) for k, n in after.rows_per_batch.items()})
         gathers, gather_s = gathers + after.gathers - before.gathers, gather_s + after.gather_s - before.gather_s
+        choices.add_choices(SchedulerMetrics(choices=after.choices_since(before)))
         rounds_texts += [sequential, together]
     sequential_s, concurrent_s = statistics.median(seq_times), statistics.median(conc_times)
     offline = [transcribe(decoder, str(p)).text for p in paths]
@@ -314,7 +318,8 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
            "differ_from_transcribe": text_differences(paths, offline, rounds_texts),
            "batches_by_rows": batches, "sizer_s_per_row": after.sizer, "sequential_rounds_s": seq_times,
            "concurrent_rounds_s": conc_times, "round_ratios": [c / s for c, s in zip(conc_times, seq_times)],
-           "gathers": gathers, "gather_s": gather_s, "graphs": graph_figures(after, start)}   # every round's
+           "gathers": gathers, "gather_s": gather_s, "graphs": graph_figures(after, start),   # every round's
+           "choices": choices.choices}
     print(f"API x{len(paths)}: one at a time {sequential_s:.1f} s, together {concurrent_s:.1f} s "
           f"({row['ratio']:.2f}x; rounds {', '.join(f'{r:.2f}' for r in row['round_ratios'])}); identical to "
           f"transcribe(): {row['identical_to_transcribe']}; batches {batches}")

@@ -190,8 +190,16 @@ def test_live_first_one_row_per_session_and_same_texts(decoder):
             recording.sessions[id(clip)] = session
             jobs.append((clip_id, scheduler.submit(clip, options, priority=priority, session=session)))
     texts = [(clip_id, future.result(120).text) for clip_id, future in jobs]
+    choices = scheduler.metrics().choices
     scheduler.close()
     assert all(text == alone[clip_id] for clip_id, text in texts), texts
+    # what each batch size was chosen from: the first live batch had both live rows to choose from, the first
+    # file batch one row of each file (one row per session), the last file-a's second window alone
+    assert sum(n for by_ready in choices.values() for taken in by_ready.values() for n in taken.values()) == len(
+        recording.batches)
+    assert set(choices) == {"live exact", "file exact"} and 2 in choices["live exact"]
+    assert 2 in choices["file exact"] and choices["file exact"].get(1, {}).get(1, 0) >= 1
+    assert all(rows <= ready for by_ready in choices.values() for ready, taken in by_ready.items() for rows in taken)
     order = [s for batch in recording.batches for s in batch]
     assert set(order[:2]) == {"live-1", "live-2"}           # live re-decodes before any file window
     assert all(len(set(batch)) == len(batch) for batch in recording.batches)   # one row per session per batch
@@ -545,3 +553,20 @@ def test_asr_serve_warms_up_in_the_options_a_request_gets_and_stops_where_memory
         assert failing.sizes == [1, 2, 4] and scheduler.sizer("file exact").sizes == [1, 2]
     finally:
         scheduler.close()
+
+
+def test_sizer_choices_add_up_across_replicas_and_since_a_copy():
+    from asr_app.scheduler_metrics import SchedulerMetrics
+    a = SchedulerMetrics()
+    for ready, rows in [(3, 2), (3, 2), (1, 1), (40, 8)]:
+        a.note_choice("file exact", ready, rows, cap=16)
+    assert a.choices == {"file exact": {3: {2: 2}, 1: {1: 1}, 16: {8: 1}}}   # 40 ready counted at the cap
+    before = SchedulerMetrics(choices=a.copy_choices())
+    a.note_choice("file exact", 3, 2, cap=16)
+    a.note_choice("live exact", 2, 1, cap=16)
+    assert before.choices["file exact"][3] == {2: 2}   # a copy: later choices do not reach it
+    assert a.choices_since(before) == {"file exact": {3: {2: 1}}, "live exact": {2: {1: 1}}}
+    total = SchedulerMetrics()
+    total.add_choices(a)
+    total.add_choices(before)
+    assert total.choices["file exact"] == {3: {2: 5}, 1: {1: 2}, 16: {8: 2}}
