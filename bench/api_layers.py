@@ -11,10 +11,12 @@ Layers, outermost last:
   http        the same through a real asr-serve app with the official `openai` client: the upload, the form,
               the spool file and the event loop on top
 
-Each layer's one-at-a-time time against the layer below shows what that layer adds per request; the
-all-at-once rows show where batching's gain is lost (serve_bench gives only the outermost ratio). The scheduler
-and http rows record the batches they formed and the sizer's seconds per row. Every text is compared with
-`transcribe()`'s.
+The all-at-once rows show where batching's gain is lost (serve_bench gives only the outermost ratio); the
+scheduler and http rows record the batches they formed, what each batch size was chosen from, and the sizer's
+seconds per row. The layers run one after another, so their one-at-a-time times also hold whatever the machine
+did meanwhile (a VM's speed drifts): what the scheduler adds to one request is measured apart, each clip
+through `transcribe()` directly and through the scheduler in turn, the order alternating, as the median of
+the differences. Every text is compared with `transcribe()`'s.
 
     python bench/api_layers.py --requests 16 --threads 2 --batch 4
 """
@@ -110,6 +112,24 @@ def http_layer(engine, paths: list[Path], rounds: int) -> tuple[dict, list[list[
     return row, alone.texts + together.texts
 
 
+def scheduler_added(engine, decoder, options, paths: list[Path], rounds: int) -> dict:
+    """What the scheduler adds to one request: each clip through `transcribe()` directly and through the
+    scheduler in turn, which first alternating, so the machine's drift falls on both alike."""
+    from asr_app.longform import TranscribeOptions, transcribe
+    differences = []
+    for r in range(rounds):
+        for i, path in enumerate(paths):
+            seconds = {}
+            for way in (("direct", "scheduled") if (i + r) % 2 == 0 else ("scheduled", "direct")):
+                caller = decoder if way == "direct" else engine.scheduler.client(options, session=f"pair-{r}-{i}")
+                started = time.perf_counter()
+                transcribe(caller, path, TranscribeOptions(decoding=options))
+                seconds[way] = time.perf_counter() - started
+            differences.append(seconds["scheduled"] - seconds["direct"])
+    quartiles = statistics.quantiles(differences, n=4) if len(differences) > 1 else differences * 3
+    return {"pairs": len(differences), "median_s": statistics.median(differences), "quartiles_s": quartiles}
+
+
 def batches_formed(before, after) -> dict:
     """The batches formed between two scheduler metrics, by rows, and the sizer's seconds per row at the end."""
     batches = {k: n - before.rows_per_batch.get(k, 0) for k, n in after.rows_per_batch.items()}
@@ -130,7 +150,8 @@ def make_engine(decoder, requests: int):
     return engine
 
 
-def with_engine(decoder, requests: int, layer, *args) -> tuple[dict, list[list[str]]]:
+def with_engine(decoder, requests: int, layer, *args):
+    """layer(engine, *args) on an engine of its own, closed after."""
     engine = make_engine(decoder, requests)
     try:
         return layer(engine, *args)
@@ -144,17 +165,19 @@ def table(report: dict) -> str:
     lines = [f"{n} real clips ({report['audio_s']:.0f} s of audio), tiny.en + distilled draft, `exact`, "
              f"{report['threads']} threads, {report['device']}; medians of {report['rounds']} round(s); seconds "
              "for all clips", "",
-             "| layer | one at a time s | ms per clip | added per clip ms | all at once s | how | at once / one at a time | batches by rows |",
-             "|---|---|---|---|---|---|---|---|"]
-    below = None
+             "| layer | one at a time s | ms per clip | all at once s | how | at once / one at a time | batches by rows |",
+             "|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
         per = 1000 * row["one_s"] / n
-        added = f"{per - below:+.0f}" if below is not None else "-"
         batches = ", ".join(f"{k}: {v}" for k, v in row.get("batches_by_rows", {}).items()) or "-"
         together = (f"{row['together_s']:.2f} | {row['together']} | {row['together_s'] / row['one_s']:.2f}x"
                     if "together_s" in row else "- | - | -")
-        lines.append(f"| {name} | {row['one_s']:.2f} | {per:.0f} | {added} | {together} | {batches} |")
-        below = per
+        lines.append(f"| {name} | {row['one_s']:.2f} | {per:.0f} | {together} | {batches} |")
+    paired = report.get("scheduler_added")
+    if paired:
+        lines += ["", f"One request through the scheduler against `transcribe()` directly, clip by clip in alternating "
+                  f"order ({paired['pairs']} pairs): median {1000 * paired['median_s']:+.0f} ms, quartiles "
+                  + " / ".join(f"{1000 * q:+.0f}" for q in paired["quartiles_s"]) + " ms."]
     same = report["identical"]
     lines += ["", "Every round's texts, one at a time and all at once, identical to `transcribe()`'s: "
               + ", ".join(f"{name} {'yes' if ok else 'NO'}" for name, ok in same.items())
@@ -213,10 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     layers["scheduler"], texts["scheduler"] = with_engine(decoder, len(paths), scheduler_layer, options, paths,
                                                           args.rounds)
     layers["http"], texts["http"] = with_engine(decoder, len(paths), http_layer, paths, args.rounds)
+    added = with_engine(decoder, len(paths), lambda engine: scheduler_added(engine, decoder, options, paths,
+                                                                              args.rounds))
     report = {"command": " ".join(["python", "bench/api_layers.py", *(argv or sys.argv[1:])]),
               "requests": len(paths), "audio_s": sum(len(a) for a in audio) / 16_000, "threads": args.threads,
               "rounds": args.rounds, "device": device_name(args.device), "layers": layers,
-              "identical": {name: all(t == reference for t in rounds) for name, rounds in texts.items()}}
+              "identical": {name: all(t == reference for t in rounds) for name, rounds in texts.items()},
+              "scheduler_added": added}
     out = Path(args.out) if args.out else result_path("api_layers", args.device)
     text = table(report)
     save_results(out, json.loads(json.dumps(report, default=float)), text, device=args.device)

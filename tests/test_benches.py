@@ -281,6 +281,9 @@ def test_api_layers_times_every_layer_both_ways_and_compares_the_texts(tmp_path,
     table = out.with_suffix(".md").read_text()
     assert table.count("\n| ") == 5 and "| transcribe |" in table and "| - | - | - |" in table
     assert "decoder yes, transcribe yes, scheduler yes, http yes" in table
+    added = report["scheduler_added"]   # each clip both ways in each round
+    assert added["pairs"] == 2 * 2 and len(added["quartiles_s"]) == 3
+    assert f"({added['pairs']} pairs): median {1000 * added['median_s']:+.0f} ms" in table
 
 
 def test_api_layers_lets_in_every_request_it_sends_and_keeps_clips_a_decoder_call_takes(monkeypatch):
