@@ -126,7 +126,9 @@ def scheduler_added(engine, decoder, options, paths: list[Path], rounds: int) ->
                 transcribe(caller, path, TranscribeOptions(decoding=options))
                 seconds[way] = time.perf_counter() - started
             differences.append(seconds["scheduled"] - seconds["direct"])
-    quartiles = statistics.quantiles(differences, n=4) if len(differences) > 1 else differences * 3
+    if not differences:
+        raise ValueError("no clips to pair")
+    quartiles = statistics.quantiles(differences, n=4, method="inclusive") if len(differences) > 1 else differences * 3
     return {"pairs": len(differences), "median_s": statistics.median(differences), "quartiles_s": quartiles}
 
 
