@@ -86,13 +86,18 @@ class SchedulerMetrics:
     def copy_choices(self) -> dict[str, dict[int, dict[int, int]]]:
         return {kind: {ready: dict(taken) for ready, taken in by_ready.items()} for kind, by_ready in self.choices.items()}
 
-    def add_choices(self, other: SchedulerMetrics) -> None:
-        """Adds `other`'s choices to these (the figures of several replicas summed)."""
-        for kind, by_ready in other.choices.items():
+    def add_choices(self, choices: dict[str, dict[int, dict[int, int]]]) -> None:
+        """Adds `choices` (another replica's, or another run's) to these."""
+        for kind, by_ready in choices.items():
             for ready, taken in by_ready.items():
                 mine = self.choices.setdefault(kind, {}).setdefault(ready, {})
                 for rows, count in taken.items():
                     mine[rows] = mine.get(rows, 0) + count
+
+    def batches_since(self, before: SchedulerMetrics) -> dict[int, int]:
+        """The batches decoded after `before` was copied, by rows (sizes with none left out)."""
+        grown = {rows: n - before.rows_per_batch.get(rows, 0) for rows, n in sorted(self.rows_per_batch.items())}
+        return {rows: n for rows, n in grown.items() if n}
 
     def choices_since(self, before: SchedulerMetrics) -> dict[str, dict[int, dict[int, int]]]:
         """The choices made after `before` was copied (every count that grew)."""

@@ -73,43 +73,33 @@ def decoder_layer(decoder, options, audio: list, batch: int, rounds: int) -> tup
     return layer_row(one, together, f"batches of {batch}"), one.texts + together.texts
 
 
+def both_ways(engine, send, paths: list[Path], rounds: int, how: str) -> tuple[dict, list[list[str]]]:
+    """`send` (a clip's path -> its text, through `engine`) on every clip one at a time, then on all at once,
+    each `rounds` times; the batches the second formed."""
+    alone = timed(lambda: [send(p) for p in paths], rounds)
+    before = engine.scheduler.metrics()
+    with ThreadPoolExecutor(len(paths)) as pool:
+        together = timed(lambda: list(pool.map(send, paths)), rounds)
+    row = layer_row(alone, together, how, batches_formed(before, engine.scheduler.metrics()))
+    return row, alone.texts + together.texts
+
+
 def scheduler_layer(engine, options, paths: list[Path], rounds: int) -> tuple[dict, list[list[str]]]:
-    """transcribe() through the scheduler, one at a time and all at once; the batches the second formed."""
+    """transcribe() through the scheduler, one at a time and all at once, each clip its own caller."""
     from asr_app.longform import TranscribeOptions, transcribe
 
     def one(path: Path) -> str:
         client = engine.scheduler.client(options, session=f"bench-{id(path)}-{time.perf_counter_ns()}")
         return transcribe(client, path, TranscribeOptions(decoding=options)).text
 
-    alone = timed(lambda: [one(p) for p in paths], rounds)
-    before = engine.scheduler.metrics()
-    with ThreadPoolExecutor(len(paths)) as pool:
-        together = timed(lambda: list(pool.map(one, paths)), rounds)
-    row = layer_row(alone, together, f"{len(paths)} threads", batches_formed(before, engine.scheduler.metrics()))
-    return row, alone.texts + together.texts
+    return both_ways(engine, one, paths, rounds, f"{len(paths)} threads")
 
 
 def http_layer(engine, paths: list[Path], rounds: int) -> tuple[dict, list[list[str]]]:
     """The same through a real asr-serve app and the openai client."""
-    import openai
-    host, server = serve_bench.start_server(engine)
-    api = openai.OpenAI(base_url=f"http://{host}/v1", api_key="none", max_retries=0, timeout=600)
-
-    def send(path: Path) -> str:
-        with open(path, "rb") as f:
-            return api.audio.transcriptions.create(model="whisper-1", file=f).text
-
-    try:
+    with serve_bench.api_sender(engine) as send:
         send(paths[0])   # the server's first request (imports, the spool folder)
-        alone = timed(lambda: [send(p) for p in paths], rounds)
-        before = engine.scheduler.metrics()
-        with ThreadPoolExecutor(len(paths)) as pool:
-            together = timed(lambda: list(pool.map(send, paths)), rounds)
-    finally:
-        api.close()
-        server.should_exit = True
-    row = layer_row(alone, together, f"{len(paths)} clients", batches_formed(before, engine.scheduler.metrics()))
-    return row, alone.texts + together.texts
+        return both_ways(engine, send, paths, rounds, f"{len(paths)} clients")
 
 
 def scheduler_added(engine, decoder, options, paths: list[Path], rounds: int) -> dict:
@@ -134,22 +124,11 @@ def scheduler_added(engine, decoder, options, paths: list[Path], rounds: int) ->
 
 def batches_formed(before, after) -> dict:
     """The batches formed between two scheduler metrics, by rows, and the sizer's seconds per row at the end."""
-    batches = {k: n - before.rows_per_batch.get(k, 0) for k, n in after.rows_per_batch.items()}
-    return {"batches_by_rows": {k: n for k, n in sorted(batches.items()) if n}, "sizer_s_per_row": after.sizer,
+    return {"batches_by_rows": after.batches_since(before), "sizer_s_per_row": after.sizer,
             "choices": after.choices_since(before)}   # kind -> rows ready -> rows taken -> batches
 
 
-def make_engine(decoder, requests: int):
-    """An engine with its own scheduler (each layer starts with a sizer that has measured nothing) that lets
-    in `requests` transcriptions at once."""
-    from asr_app.limits import ServiceLimits
-    from asr_app.scheduler import Scheduler
-    from asr_app.serve.cli import warm_up
-    from asr_app.ui.engine import UiEngine
-    limits = ServiceLimits(max_requests=max(requests, ServiceLimits().max_requests))
-    engine = UiEngine.from_decoder(decoder, limits=limits).sharing(scheduler=Scheduler(decoder))
-    warm_up(engine)   # as asr-serve does (a GPU only)
-    return engine
+make_engine = serve_bench.api_engine   # each layer's own scheduler starts with a sizer that has measured nothing
 
 
 def with_engine(decoder, requests: int, layer, *args):
@@ -217,15 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    from asr_app.decoding import DecodingOptions, SpeculativeDecoder
     from asr_app.longform import TranscribeOptions, transcribe
-    from asr_app.models import load_pair
     from asr_app.serve.api import TranscriptionRequest, decoding_options
     from asr_app.ui.engine import UiEngine
     torch.set_num_threads(args.threads)
-    pair = load_pair(target=str(args.models / "whisper-tiny.en"), draft=str(args.models / "distil-tiny.en-draft"),
-                     device=args.device)
-    decoder = SpeculativeDecoder(pair, DecodingOptions(mode="exact"))
+    decoder = serve_bench.tiny_pair_decoder(args.models, args.device)
     paths, audio = clips(args.requests, args.audio, args.cycle_clips)
     options = decoding_options(UiEngine.from_decoder(decoder), TranscriptionRequest(
         "transcribe", "whisper-1", None, None, "json", 0.0, (), False, None))

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from report_io import device_name, result_path, save_results
-from serve_bench import SHARED
+from serve_bench import SHARED, tiny_pair_decoder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,12 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from asr_app.audio import load_audio
-    from asr_app.decoding import DecodingOptions, SpeculativeDecoder
-    from asr_app.models import load_pair
     torch.set_num_threads(args.threads)
-    pair = load_pair(target=str(args.models / "whisper-tiny.en"), draft=str(args.models / "distil-tiny.en-draft"),
-                     device=args.device)
-    decoder = SpeculativeDecoder(pair, DecodingOptions(mode="exact"))
+    decoder = tiny_pair_decoder(args.models, args.device)
     audio = load_audio(str(args.clip))
     default = sys.getswitchinterval()
     for _ in range(2):

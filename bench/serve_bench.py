@@ -30,7 +30,9 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -265,22 +267,32 @@ def graph_figures(after, before=None) -> dict:
             "capture_s": made("graph_capture_s")}
 
 
-def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False, rounds: int = 1) -> dict:
-    """`count` clips sent one at a time, then all at once, `rounds` times alternately (a VM whose speed
-    drifts slows both alike); medians, the ratio of the medians, and each round's ratio."""
-    import openai
+def tiny_pair_decoder(models: Path, device: str = "cpu", runtime=None):
+    """`exact` decoding with the real tiny.en pair of a folder holding whisper-tiny.en and distil-tiny.en-draft."""
+    from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
+    from asr_app.models import load_pair
+    pair = load_pair(target=str(models / "whisper-tiny.en"), draft=str(models / "distil-tiny.en-draft"), device=device)
+    return SpeculativeDecoder(pair, DecodingOptions(mode="exact"), runtime or RuntimeOptions())
 
+
+def api_engine(decoder, requests: int):
+    """An engine with a scheduler of its own, warmed up as asr-serve does (a GPU only), that lets in `requests`
+    transcriptions at once: a 503 from --max-requests would end a run, not time it."""
     from asr_app.limits import ServiceLimits
-    from asr_app.longform import transcribe
     from asr_app.scheduler import Scheduler
-    from asr_app.scheduler_metrics import SchedulerMetrics
     from asr_app.serve.cli import warm_up
     from asr_app.ui.engine import UiEngine
-    paths = repeat([p for p, _ in clip_pool(count, root)], count, cycle)
-    # every request sent at once must be let in: a 503 from --max-requests would end the run, not time it
-    limits = ServiceLimits(max_requests=max(count, ServiceLimits().max_requests))
+    limits = ServiceLimits(max_requests=max(requests, ServiceLimits().max_requests))
     engine = UiEngine.from_decoder(decoder, limits=limits).sharing(scheduler=Scheduler(decoder))
     warm_up(engine)
+    return engine
+
+
+@contextmanager
+def api_sender(engine) -> Iterator[Callable[[Path], str]]:
+    """A real asr-serve app on loopback over `engine`, and a function that sends one file to its
+    /v1/audio/transcriptions with the official openai client and returns the text; both closed after."""
+    import openai
     host, server = start_server(engine)
     api = openai.OpenAI(base_url=f"http://{host}/v1", api_key="none", max_retries=0, timeout=600)
 
@@ -288,12 +300,36 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
         with open(path, "rb") as f:
             return api.audio.transcriptions.create(model="whisper-1", file=f).text
 
+    try:
+        yield send
+    finally:
+        api.close()
+        server.should_exit = True
+
+
+def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False, rounds: int = 1) -> dict:
+    """`count` clips sent one at a time, then all at once, `rounds` times alternately (a VM whose speed
+    drifts slows both alike); medians, the ratio of the medians, and each round's ratio."""
+    paths = repeat([p for p, _ in clip_pool(count, root)], count, cycle)
+    engine = api_engine(decoder, count)
+    try:
+        with api_sender(engine) as send:
+            return api_rounds(engine, decoder, send, paths, rounds)
+    finally:
+        engine.scheduler.close()
+
+
+def api_rounds(engine, decoder, send: Callable[[Path], str], paths: list[Path], rounds: int) -> dict:
+    """bench_api's rounds through `send` (api_sender's, over `engine`), then the texts against transcribe()'s."""
+    from asr_app.longform import transcribe
+    from asr_app.scheduler_metrics import SchedulerMetrics
+
     send(paths[0])  # warm-up
     start = engine.scheduler.metrics()
     seq_times, conc_times, rounds_texts = [], [], []
     batches: collections.Counter = collections.Counter()   # the concurrent rounds' batches, by rows
     gathers, gather_s = 0, 0.0
-    choices = SchedulerMetrics()   # the concurrent rounds' sizer choices, summed
+    choices = SchedulerMetrics()   # the concurrent rounds' sizer choices, summed (its `choices` only)
     for _ in range(rounds):
         started = time.perf_counter()
         sequential = [send(p) for p in paths]
@@ -304,14 +340,12 @@ def bench_api(decoder, count: int, root: Path | None = None, cycle: bool = False
             together = list(pool.map(send, paths))
         conc_times.append(time.perf_counter() - started)
         after = engine.scheduler.metrics()
-        batches.update({k: n - before.rows_per_batch.get(k, 0) for k, n in after.rows_per_batch.items()})
+        batches.update(after.batches_since(before))
         gathers, gather_s = gathers + after.gathers - before.gathers, gather_s + after.gather_s - before.gather_s
-        choices.add_choices(SchedulerMetrics(choices=after.choices_since(before)))
+        choices.add_choices(after.choices_since(before))
         rounds_texts += [sequential, together]
     sequential_s, concurrent_s = statistics.median(seq_times), statistics.median(conc_times)
     offline = [transcribe(decoder, str(p)).text for p in paths]
-    server.should_exit = True
-    engine.scheduler.close()
     batches = {k: n for k, n in sorted(batches.items()) if n}
     row = {"requests": len(paths), "rounds": rounds, "sequential_s": sequential_s, "concurrent_s": concurrent_s,
            "ratio": concurrent_s / sequential_s, "identical_to_transcribe": all(texts == offline for texts in rounds_texts),
@@ -435,15 +469,10 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     import torch
 
-    from asr_app.decoding import DecodingOptions, RuntimeOptions, SpeculativeDecoder
-    from asr_app.models import load_pair
+    from asr_app.decoding import RuntimeOptions
     from asr_app.streaming import StreamingOptions
     torch.set_num_threads(args.threads)
-    models = args.models
-    pair = load_pair(target=str(models / "whisper-tiny.en"), draft=str(models / "distil-tiny.en-draft"),
-                     device=args.device)
-    decoder = SpeculativeDecoder(pair, DecodingOptions(mode="exact"),
-                                 RuntimeOptions(encoder_matmul_dtype=args.encoder_matmul_dtype))
+    decoder = tiny_pair_decoder(args.models, args.device, RuntimeOptions(encoder_matmul_dtype=args.encoder_matmul_dtype))
     counts = [int(n) for n in args.streams.split(",") if int(n)]  # --streams 0: the API only
     from report_io import device_name, result_path, save_results
     report = {"command": " ".join(["python", "bench/serve_bench.py", *(argv or sys.argv[1:])]),

@@ -571,6 +571,6 @@ def test_sizer_choices_add_up_across_replicas_and_since_a_copy():
     assert before.choices["file exact"][3] == {2: 2}   # a copy: later choices do not reach it
     assert a.choices_since(before) == {"file exact": {3: {2: 1}}, "live exact": {2: {1: 1}}}
     total = SchedulerMetrics()
-    total.add_choices(a)
-    total.add_choices(before)
+    total.add_choices(a.choices)
+    total.add_choices(before.choices)
     assert total.choices["file exact"] == {3: {2: 5}, 1: {1: 2}, 16: {8: 2}}
