@@ -288,6 +288,46 @@ def test_resume_after_a_kill_gives_the_same_weights(workspace, whole_run):
     assert not torch.equal(first, resumed.student.model.decoder.layers[0].fc1.weight)
 
 
+def test_a_draft_trained_further_starts_from_its_own_weights(workspace, cli_run, whole_run, capsys):
+    """--init-draft: the student starts as the given draft (its layers, its head's ranking), not the target's
+    first and last layers; the run's identity holds that draft's weights; a draft of another target's
+    embeddings, or --layers beside it, is refused with one line before the teacher pass."""
+    from transformers import WhisperForCausalLM
+
+    from asr_app.distill.student import build_student
+    from asr_app.distill.teacher import target_fingerprint
+
+    code, first = cli_run   # 16 steps from the target's layers on these clips
+    assert code == 0
+    start = WhisperForCausalLM.from_pretrained(first)
+    student = build_student(random_target(), None, start)
+    a, b = start.state_dict(), student.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k].float(), b[k]) for k in a)
+    assert not student.model.decoder.embed_tokens.weight.requires_grad and student.model.decoder.layers[0].fc1.weight.requires_grad
+
+    further = distill(options(workspace, "further", steps=2, init_draft=str(first)))
+    assert further.teacher.computed == 0
+    # The first step's loss is the starting weights' (measured before the update): the trained draft's, far
+    # below that of the target's untrained first and last layers on the same clips.
+    assert further.training.history[0].loss < 0.8 * whole_run.training.history[0].loss, (
+        further.training.history[0].loss, whole_run.training.history[0].loss)
+    card = json.loads((workspace / "further" / "card.json").read_text())
+    assert card["training"]["init_draft"] == str(first) and "--init-draft" in card["training"]["layers"]
+    run = json.loads((workspace / "further" / "run.json").read_text())
+    assert run["identity"]["start_draft"] == target_fingerprint(start)
+
+    other = derive_draft(random_target(seed=1), (0, 3))   # same vocabulary and width, another target's embeddings
+    other.save_pretrained(workspace / "other-target-draft")
+    common = ["--target", str(workspace / "target"), "--audio", str(workspace / "train"), "--cache",
+              str(workspace / "cache")]
+    code, err = run_cli(capsys, *common, "--out", str(workspace / "o9"), "--init-draft",
+                        str(workspace / "other-target-draft"))
+    assert code == 2 and len(err.splitlines()) == 1 and "does not hold the target's embed tokens" in err, err
+    assert not (workspace / "o9").exists()
+    code, err = run_cli(capsys, *common, "--out", str(workspace / "o10"), "--init-draft", str(first), "--layers", "0,1")
+    assert code == 2 and "exclude each other" in err
+
+
 def run_cli(capsys, *argv: str) -> tuple[int, str]:
     code = cli.main([*argv, "--device", "cpu", "--quiet"])
     return code, capsys.readouterr().err
@@ -642,6 +682,7 @@ def test_every_command_line_option_reaches_the_options():
               "gammas": ["--gammas", "2,4"], "eval_max_clips": ["--eval-max-clips", "3"],
               "eval_timestamps": ["--eval-timestamps"], "eval_task": ["--eval-task", "translate"],
               "no_speed": ["--no-speed"], "baseline_draft": ["--baseline-draft", "bundled"],
+              "init_draft": ["--init-draft", "bundled"],
               "eval_language": ["--eval-language", "given"]}
     dests = {a.dest for a in parser._actions if a.dest != "help"}
     assert dests - set(probes) == {"threads", "quiet"}

@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kl-weight", type=float, default=r.kl_weight)
     g.add_argument("--ce-weight", type=float, default=r.ce_weight)
     g.add_argument("--layers", type=_ints, default=None, help="target decoder layers to start from (default first,last)")
+    g.add_argument("--init-draft", default=None, metavar="DRAFT",
+                   help="start from this draft instead of the target's layers (bundled or a folder): train an "
+                        "existing draft further on new audio")
     g.add_argument("--draft-vocab", type=int, default=r.draft_vocab,
                    help="token ids the training head scores, as the runtime's --draft-vocab (0: all)")
     g.add_argument("--audio-view", choices=("window", "audio"), default=r.audio_view,
@@ -107,7 +110,7 @@ def options_from_args(args: argparse.Namespace) -> DistillOptions:
                              batch_size=args.teacher_batch)
     train = TrainOptions(steps=args.steps, batch_size=args.batch_size, lr=args.lr, min_lr=min(args.min_lr, args.lr),
                          warmup_steps=args.warmup, kl_weight=args.kl_weight, ce_weight=args.ce_weight,
-                         layers=args.layers or None, draft_vocab=args.draft_vocab or None,
+                         layers=args.layers or None, init_draft=args.init_draft, draft_vocab=args.draft_vocab or None,
                          audio_view=args.audio_view, seed=args.seed, checkpoint_minutes=args.checkpoint_minutes,
                          checkpoint_steps=args.checkpoint_steps)
     evaluation = EvalOptions(gammas=args.gammas, timestamps=args.eval_timestamps, task=args.eval_task,

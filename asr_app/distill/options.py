@@ -87,6 +87,9 @@ class TrainOptions:
     kl_weight: float = 1.0
     ce_weight: float = 0.5
     layers: tuple[int, ...] | None = None   # target decoder layers the student starts from; None: first and last
+    # An existing draft the student starts from instead ("bundled" or a folder): more training of a draft on new
+    # audio, without labelling again what it was trained on. Its layers and its head's ranking are kept.
+    init_draft: str | None = None
     # Token ids the student's head scores while training: the runtime's default draft head (tiny.en: the
     # 32768 most frequent ids; the whole vocabulary for tokenizers without a ranking); None: all ids.
     draft_vocab: int | None = RUNTIME_DRAFT_VOCAB
@@ -110,6 +113,8 @@ class TrainOptions:
             raise ValueError(f"audio_view must be window or audio, got {self.audio_view!r}")
         if self.draft_vocab is not None and self.draft_vocab < 1:
             raise ValueError(f"draft_vocab must be a positive token count or None, got {self.draft_vocab}")
+        if self.layers is not None and self.init_draft is not None:
+            raise ValueError("--layers and --init-draft exclude each other: a draft brings its own layers")
         if self.checkpoint_minutes <= 0 or (self.checkpoint_steps is not None and self.checkpoint_steps < 1):
             raise ValueError("checkpoint_minutes must be > 0 and checkpoint_steps >= 1")
 

@@ -31,7 +31,7 @@ from asr_app.distill.errors import DistillError
 from asr_app.distill.evaluate import decoder_figures, in_decoder, teacher_forced
 from asr_app.distill.export import save_draft, write_bundle
 from asr_app.distill.options import FOLDER_LANGUAGE, RUNTIME_DRAFT_VOCAB, DistillOptions
-from asr_app.distill.student import build_student, default_layers, head_weight
+from asr_app.distill.student import build_student, check_start, default_layers, head_weight
 from asr_app.distill.teacher import Teacher, target_fingerprint
 from asr_app.distill.train import StepLog, Trainer, TrainResult
 from asr_app.distill.vocab import label_ranking
@@ -243,18 +243,26 @@ def head_of(pair: ModelPair, draft, ids: torch.Tensor | None) -> _Head:
     return _Head(ids, head_weight(draft, ids), head_index(vocab, ids), mask)
 
 
-def _identity(options: DistillOptions, data: _Data, fingerprint: str | None) -> dict:
-    """What makes a run this run; without the target's fingerprint, the part known before it loads."""
+# Parts of a run's identity known only once the models load (a quick check before the loads leaves them out).
+_LOADED = ("target", "start_draft")
+
+
+def _identity(options: DistillOptions, data: _Data, fingerprint: str | None, start: str | None = None) -> dict:
+    """What makes a run this run; without the target's fingerprint, the part known before it loads. `start`:
+    the fingerprint of the draft the student starts from (--init-draft), whose weights make the run too."""
     teacher = {**options.teacher.cache_key(), "keep_capped": options.teacher.keep_capped}
     identity = {"teacher": teacher, "train": options.train.identity(), "train_clips": _digest(data.train),
                 "held_out_clips": _digest(data.held)}
+    if start is not None:
+        identity = {"start_draft": start, **identity}
     return identity if fingerprint is None else {"target": fingerprint, **identity}
 
 
 def _check_resumable(run: RunFile, identity: dict) -> None:
     stored = dict((run.read() or {}).get("identity", {}))
-    if "target" not in identity:
-        stored.pop("target", None)
+    for part in _LOADED:
+        if part not in identity:
+            stored.pop(part, None)
     changed = differences(stored, normalised(identity))
     if changed:
         raise DistillError(f"the run in {run.folder} was started with other options, audio or target (it differs "
@@ -295,6 +303,7 @@ class _Run:
     held_examples: list[LabelInfo] = field(default_factory=list)
     capped: int = 0
     baseline: WhisperForCausalLM | None = None   # another draft measured on the same held-out clips
+    start: WhisperForCausalLM | None = None      # the draft the student starts from (--init-draft)
 
 
 def distill(options: DistillOptions, report: Reporter | None = None, command: str = "") -> DistillResult:
@@ -306,7 +315,9 @@ def distill(options: DistillOptions, report: Reporter | None = None, command: st
     if options.resume:
         _check_resumable(file, _identity(options, data, None))  # before the target loads: a quick answer
     pair = _load_target(options)
-    identity = _identity(options, data, target_fingerprint(pair.target))
+    start = _start_draft(options.train.init_draft, pair)
+    identity = _identity(options, data, target_fingerprint(pair.target),
+                         target_fingerprint(start) if start is not None else None)
     if options.resume:
         _check_resumable(file, identity)
     spec = options.evaluation.baseline_draft
@@ -315,7 +326,7 @@ def distill(options: DistillOptions, report: Reporter | None = None, command: st
     file.write(identity, TEACHER_STAGE)
     cache = TeacherCache(options.cache or default_cache_root(), identity["target"], options.teacher.cache_key(),
                          pair.target_name)
-    run = _Run(options, report, command, file, data, pair, identity, cache, baseline=baseline)
+    run = _Run(options, report, command, file, data, pair, identity, cache, baseline=baseline, start=start)
     run.teacher = teacher_pass(pair, cache, data.train + data.held, options, run.report)
     run.examples, run.capped = _examples(cache, data.train, options.teacher.keep_capped)
     if not run.examples:
@@ -339,8 +350,10 @@ def _no_labels(run: _Run) -> DistillError:
 def _train_and_write(run: _Run) -> DistillResult:
     options, pair = run.options, run.pair
     torch.manual_seed(options.train.seed)
-    student = build_student(pair.target, options.train.layers).to(pair.device)
-    ranking = _label_ranking(run, options.train.draft_vocab)
+    student = build_student(pair.target, options.train.layers, run.start).to(pair.device)
+    # A draft trained further keeps the head it was trained on; a new one ranks the tokens of its labels.
+    ranking = draft_ranking(run.start) if run.start is not None else None
+    ranking = ranking or _label_ranking(run, options.train.draft_vocab)
     if ranking is not None:   # saved with the draft: the runtime's head scores the ids this one is trained on
         setattr(student.config, RANKING_ATTR, list(ranking))
     head = _head(pair, student, options.train.draft_vocab, ranking)
@@ -419,21 +432,36 @@ def _eval_language(run: _Run) -> str:
     return run.options.evaluation.language
 
 
-def load_baseline(spec: str, pair: ModelPair) -> WhisperForCausalLM:
-    """Another draft to measure beside the new one: "bundled" (the draft the package ships for this target) or a
-    folder. It must fit the target as any --draft must, checked here, before the teacher pass: not found out
-    after the training, at its evaluation."""
+def load_baseline(spec: str, pair: ModelPair, flag: str = "--baseline-draft") -> WhisperForCausalLM:
+    """Another draft to measure beside the new one (or to start from: `flag`): "bundled" (the draft the package
+    ships for this target) or a folder. It must fit the target as any --draft must, checked here, before the
+    teacher pass: not found out after the training, at its evaluation."""
     if spec == BUNDLED:
-        return load_bundled_draft(pair.target)
+        try:
+            return load_bundled_draft(pair.target)
+        except ModelLoadError as exc:
+            raise DistillError(f"{flag} bundled: {exc}") from exc
     try:
         draft = WhisperForCausalLM.from_pretrained(spec, dtype=pair.dtype)
     except (OSError, ValueError) as exc:
-        raise DistillError(f"the baseline draft '{spec}' cannot be loaded: {str(exc).splitlines()[0][:200]}") from exc
+        raise DistillError(f"{flag} '{spec}' cannot be loaded: {str(exc).splitlines()[0][:200]}") from exc
     try:
         check_pair(pair.target, draft, pair.target_name, spec)
     except ModelLoadError as exc:
-        raise DistillError(f"--baseline-draft {spec} does not fit the target: {exc}") from exc
+        raise DistillError(f"{flag} {spec} does not fit the target: {exc}") from exc
     return draft.to(pair.device).eval()
+
+
+def _start_draft(spec: str | None, pair: ModelPair) -> WhisperForCausalLM | None:
+    """The draft the student starts from (--init-draft), checked against the target before the teacher pass."""
+    if spec is None:
+        return None
+    draft = load_baseline(spec, pair, "--init-draft")
+    try:
+        check_start(pair.target, draft, f"--init-draft {spec}")
+    except ValueError as exc:
+        raise DistillError(str(exc)) from exc
+    return draft
 
 
 def _mean_log(logs: list[StepLog]) -> dict:
@@ -452,6 +480,13 @@ def _data_card(run: _Run) -> dict:
                          "clips": len(data.held), "hours": sum(c.seconds for c in data.held) / 3600}}
 
 
+def _layers_card(run: _Run) -> list[int] | str:
+    """The target layers the student started from, or the draft it started from."""
+    if run.start is not None:
+        return f"those of --init-draft {run.options.train.init_draft} ({run.start.config.decoder_layers} layers)"
+    return list(run.options.train.layers or default_layers(run.pair.target))
+
+
 def _card(run: _Run, result: TrainResult, evaluation: dict | None) -> dict:
     options, target, device, stats = run.options, run.pair.target, run.pair.device, run.teacher
     return {
@@ -465,7 +500,7 @@ def _card(run: _Run, result: TrainResult, evaluation: dict | None) -> dict:
         "teacher": {**asdict(options.teacher), "variants": [v.name for v in options.teacher.variants()],
                     "seconds": stats.seconds, "computed": stats.computed, "reused": stats.reused,
                     "failed": stats.failed},
-        "training": {**asdict(options.train), "layers": list(options.train.layers or default_layers(target)),
+        "training": {**asdict(options.train), "layers": _layers_card(run),
                      "steps": result.steps, "seconds": result.seconds, "resumed_at": result.resumed_at,
                      "first": _mean_log(result.history[:5]), "final": _mean_log(result.history[-5:])},
         "evaluation": evaluation,

@@ -8,6 +8,7 @@ is the token embedding (tied), so the head is frozen too. Only the layers and th
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 
@@ -27,15 +28,29 @@ def default_layers(target) -> tuple[int, ...]:
     return (0, last) if last > 0 else (0,)
 
 
-def build_student(target, layers: Sequence[int] | None = None) -> WhisperForCausalLM:
-    """A float32 copy of `layers` of the target's decoder (default: first and last), embeddings frozen."""
-    student = derive_draft(target, layers or default_layers(target)).float()
+def build_student(target, layers: Sequence[int] | None = None, start: WhisperForCausalLM | None = None
+                  ) -> WhisperForCausalLM:
+    """A float32 copy of `layers` of the target's decoder (default: first and last), or of the draft `start`
+    (a draft trained further), embeddings frozen."""
+    student = (copy.deepcopy(start) if start is not None else derive_draft(target, layers or default_layers(target)))
+    student = student.float()
     # No dropout: the recipe uses none, and a resumed run must compute what an uninterrupted one does.
     for name in ("dropout", "attention_dropout", "activation_dropout", "decoder_layerdrop"):
         setattr(student.config, name, 0.0)
     for name, param in student.named_parameters():
         param.requires_grad_(not any(part in name for part in FROZEN))
     return student.train()
+
+
+def check_start(target, start: WhisperForCausalLM, name: str) -> None:
+    """A draft to train further must hold the target's token and position embeddings (its head is the token
+    embedding): they stay frozen, and the draft it becomes ships without them."""
+    ours, theirs = target.get_decoder(), start.get_decoder()
+    for part in ("embed_tokens", "embed_positions"):
+        a, b = getattr(ours, part).weight, getattr(theirs, part).weight
+        if a.shape != b.shape or not torch.equal(a.detach().cpu().half(), b.detach().cpu().half()):
+            raise ValueError(f"{name} does not hold the target's {part.replace('_', ' ')}: it was not made from "
+                             "this target, and a draft trained further keeps them frozen")
 
 
 def trainable(student: WhisperForCausalLM) -> list[tuple[str, torch.nn.Parameter]]:
