@@ -32,6 +32,12 @@ class BatchSizer:
     step, and sizes are compared at the same number of steps per row (the running mean over every batch):
     the comparison is then between sizes, not between the clips that happened to land in them.
 
+    A measurement ages: once `retry_after` batches have been recorded since a measured size last ran, the
+    size is stale, and where it can be formed and is not the best it runs once more, its new cost replacing
+    the old outright. A size judged on a few batches in a passing state of the device (a slow spell, other
+    threads busy) is thus judged again, at the price of one batch in `retry_after`; an H200 run judged two rows
+    on three batches and formed no more over 834 (docs/serving.md).
+
     The first `warmup` batches of each size are not counted: a size's first batch carries one-time work
     the decoder cannot all report (new workspaces, kernels tuned for the new shape, graphs captured on
     first use), and a size judged on it would never be tried again (an H100 run stayed at one row for good
@@ -39,9 +45,9 @@ class BatchSizer:
     """
 
     def __init__(self, max_rows: int, memory: float = 0.2, margin: float = 0.1, warmup: int = 1,
-                 backlog_margin: float = 0.03) -> None:
-        if max_rows < 1:
-            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+                 backlog_margin: float = 0.03, retry_after: int = 64) -> None:
+        if max_rows < 1 or retry_after < 1:
+            raise ValueError(f"max_rows and retry_after must be >= 1, got {max_rows}, {retry_after}")
         self.sizes = [s for s in (1 << k for k in range(12)) if s <= max_rows]
         self.memory = memory
         self.margin = margin
@@ -50,6 +56,9 @@ class BatchSizer:
         self.costs: dict[int, _SizeCost] = {}   # batch size -> its running costs
         self.steps_per_row: float | None = None  # running mean over every counted batch
         self.seen: dict[int, int] = {}     # batch size -> batches recorded, warm-up ones included
+        self.retry_after = retry_after
+        self.recorded = 0                  # batches recorded, every size
+        self.last_run: dict[int, int] = {}  # batch size -> `recorded` after its latest batch
 
     @property
     def cost(self) -> dict[int, float]:
@@ -70,7 +79,11 @@ class BatchSizer:
         for size in usable:   # a larger batch must beat the best smaller one clearly: its rows wait longer
             if size in cost and cost[size] < cost.get(best, float("inf")) * (1 - self._margin(size, ready)):
                 best = size
-        return best
+        stale = [s for s in usable if s != best and s in cost and self._stale(s)]
+        return min(stale, key=lambda s: (self.last_run[s], s)) if stale else best
+
+    def _stale(self, size: int) -> bool:
+        return self.recorded - self.last_run.get(size, self.recorded) >= self.retry_after
 
     def _margin(self, size: int, ready: int) -> float:
         return self.backlog_margin if ready >= 2 * size else self.margin
@@ -84,6 +97,9 @@ class BatchSizer:
         """One batch of `rows` took `seconds`; of them `loop_s` in the token loop, for `steps` row steps in
         all (where the decoder reports them; else the batch counts as seconds per row alone)."""
         size = max(s for s in self.sizes if s <= rows) if rows >= 1 else 1
+        stale = self._stale(size)
+        self.recorded += 1
+        self.last_run[size] = self.recorded
         self.seen[size] = self.seen.get(size, 0) + 1
         if self.seen[size] <= self.warmup:
             return
@@ -92,7 +108,7 @@ class BatchSizer:
                else _SizeCost(seconds / rows, 0.0))
         if split:
             self.steps_per_row = self._mix(self.steps_per_row, steps / rows)
-        old = self.costs.get(size)
+        old = None if stale else self.costs.get(size)   # a stale cost describes a device state long gone
         self.costs[size] = new if old is None else _SizeCost(self._mix(old.fixed, new.fixed),
                                                              self._mix(old.per_step, new.per_step))
 

@@ -68,6 +68,7 @@ class SchedulerOptions:
     max_rows: int | None = None     # largest batch tried; None: 8 on a CPU, 32 on a GPU
     max_queue: int = 512            # waiting requests beyond this are refused with SchedulerBusy
     sizer_memory: float = 0.2       # weight of a new measurement in a size's running cost
+    sizer_retry_after: int = 64     # batches after which a size judged dearer is measured once more
     latency_window: int = 2048      # recent request latencies kept for the metrics
     idle_trim_s: float | None = 2.0  # idle this long after work: freed memory goes back to the system (None: never)
     gather_s: float | None = 0.05   # longest a batch of file rows waits for more that are arriving (None: never)
@@ -213,7 +214,8 @@ class Scheduler:
         """The batch sizer of one cost class (`cost_class`), made on first use."""
         with self._cond:   # a re-entrant lock: the worker already holds it where it calls this
             if kind not in self._sizers:
-                self._sizers[kind] = BatchSizer(self._max_rows, self.options.sizer_memory)
+                self._sizers[kind] = BatchSizer(self._max_rows, self.options.sizer_memory,
+                                                   retry_after=self.options.sizer_retry_after)
             return self._sizers[kind]
 
     def close(self, timeout: float | None = 10.0) -> None:

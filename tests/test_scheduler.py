@@ -89,6 +89,33 @@ def test_sizer_does_not_judge_a_size_by_its_first_batch():
     assert sizer.snapshot() == {1: 1.0, 2: 0.6} and sizer.choose(8) == 4
 
 
+def test_sizer_judges_a_size_again_once_its_measurement_is_stale():
+    """A size measured dearer in a passing state of the device is run once more after `retry_after` batches,
+    and that batch's cost replaces the old one: batching resumes where it now pays, and where it still does
+    not, it costs one batch in `retry_after`."""
+    sizer = BatchSizer(max_rows=4, warmup=0, retry_after=5)
+    sizer.record(1, 1.0)
+    sizer.record(2, 6.0)                 # 3.0 s per row: a bad spell
+    chosen = []
+    for _ in range(5):
+        chosen.append(sizer.choose(4))
+        sizer.record(1, 1.0)
+    assert chosen == [1] * 5 and sizer.choose(1) == 1
+    assert sizer.choose(4) == 2          # five batches since two rows last ran: measured again
+    sizer.record(2, 1.2)                 # 0.6 s per row now, replacing 3.0 (mixed in, it would still be 2.5)
+    assert sizer.snapshot()[2] == pytest.approx(0.6) and sizer.choose(4) == 4
+    still = BatchSizer(max_rows=2, warmup=0, retry_after=5)   # where two rows stay dearer
+    still.record(1, 1.0)
+    still.record(2, 6.0)
+    formed = []
+    for _ in range(20):
+        formed.append(still.choose(2))
+        still.record(formed[-1], 1.0 * formed[-1] if formed[-1] == 1 else 6.0)
+    assert [i for i, rows in enumerate(formed) if rows == 2] == [5, 11, 17]   # after five batches of one, no sooner
+    with pytest.raises(ValueError):
+        BatchSizer(max_rows=2, retry_after=0)
+
+
 class Recording:
     """The real decoder, with the sessions of every batch it was handed written down."""
 
