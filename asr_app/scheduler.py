@@ -42,7 +42,7 @@ from asr_app.batch_sizer import BatchSizer
 from asr_app.decoding.options import SPECULATIVE_MODES, DecodingOptions, DecodingResult, DecodingStats
 from asr_app.decoding.seeds import batch_options
 from asr_app.decoding.workspaces import keep_workspaces, workspace_stats
-from asr_app.scheduler_metrics import RecentLatencies, SchedulerMetrics
+from asr_app.scheduler_metrics import BatchSample, RecentLatencies, SchedulerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,7 @@ class Scheduler:
         # room for every batch size it forms, with drafts and without: none is recaptured in turn
         keep_workspaces(decoder, 2 * len(BatchSizer(self._max_rows).sizes))
         self._sizers: dict[str, BatchSizer] = {}   # cost class -> its sizer
+        self._choice: tuple[str, int, dict[int, float]] = ("", 0, {})   # the worker's latest: kind, ready, costs
         self._queue: list[_Request] = []
         self._cond = threading.Condition()
         self._order = itertools.count()
@@ -206,7 +207,7 @@ class Scheduler:
             count, total = self._latencies.totals()
             return dataclasses.replace(
                 self._metrics, queue_depth=len(self._queue), rows_per_batch=dict(self._metrics.rows_per_batch),
-                choices=self._metrics.copy_choices(),
+                choices=self._metrics.copy_choices(), samples=list(self._metrics.samples),
                 latencies=self._latencies.snapshot(), latency_count=count, latency_sum=total,
                 sizer={kind: sizer.snapshot() for kind, sizer in sorted(self._sizers.items())})
 
@@ -323,8 +324,10 @@ class Scheduler:
         compatible = self._candidates()
         head = compatible[0]
         kind = cost_class(head)
-        batch = compatible[: self.sizer(kind).choose(len(compatible))]
+        sizer = self.sizer(kind)
+        batch = compatible[: sizer.choose(len(compatible))]
         self._metrics.note_choice(kind, len(compatible), len(batch), 2 * self._max_rows)
+        self._choice = (kind, len(compatible), sizer.snapshot())   # for this batch's sample (_decode)
         for request in batch:
             self._queue.remove(request)
             self._served[request.session] = self._round
@@ -339,9 +342,9 @@ class Scheduler:
         if not batch:
             return
         before = workspace_stats(self.decoder)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         outcomes, together = self._outcomes(batch)
-        elapsed = time.perf_counter() - started
+        elapsed, cpu_s = time.perf_counter() - started, time.thread_time() - cpu_started
         now = time.monotonic()
         after = workspace_stats(self.decoder)
         # One-time work (captures) is left out of the batch's cost only while nothing was dropped: what comes
@@ -353,6 +356,7 @@ class Scheduler:
                 self.sizer(cost_class(batch[0])).record(len(batch), max(0.0, elapsed - one_time_s),
                                                         *_loop_figures(outcomes))
             self._metrics.count_batch([r.clip for r in batch], outcomes, elapsed)
+            self._metrics.note_sample(self._sample(batch, outcomes, together, elapsed, cpu_s, one_time_s))
             for request in batch:
                 self._latencies.record(PRIORITY_NAMES[request.priority], now - request.submitted)
         for request, outcome in zip(batch, outcomes):
@@ -360,6 +364,16 @@ class Scheduler:
                 request.future.set_exception(outcome)
             else:
                 request.future.set_result(outcome)
+
+    def _sample(self, batch: list[_Request], outcomes: list, together: bool, elapsed: float, cpu_s: float,
+                one_time_s: float) -> BatchSample:
+        """Called under the lock, after `count_batch`: the batch's sample (SchedulerMetrics.samples)."""
+        kind, ready, costs = self._choice
+        decode_s, encoder_s, calls = _sample_figures(outcomes)
+        loop_s = _loop_figures(outcomes)[0] if together else None
+        return BatchSample(batch=self._metrics.batches, kind=kind, ready=ready, rows=len(batch), costs=costs,
+                           wall_s=elapsed, cpu_s=cpu_s, one_time_s=one_time_s, decode_s=decode_s,
+                           encoder_s=encoder_s, loop_s=loop_s, target_calls=calls)
 
     def _outcomes(self, batch: list[_Request]) -> tuple[list[DecodingResult | BaseException], bool]:
         """Results of the batch in one decode; if it fails, row by row, so a bad row fails alone. The flag:
@@ -392,6 +406,13 @@ def cost_class(request: _Request) -> str:
     if request.hint is not None:
         parts.append("hint")
     return " ".join(parts)
+
+
+def _sample_figures(outcomes: list[DecodingResult | BaseException]) -> tuple[float, float, int]:
+    """(decoder total s, encoder s, most target calls) of one batch's rows (zeros where none decoded)."""
+    results = [o.stats for o in outcomes if isinstance(o, DecodingResult)]
+    return (max((r.total_s for r in results), default=0.0), max((r.encoder_s for r in results), default=0.0),
+            max((r.target_calls for r in results), default=0))
 
 
 def _loop_figures(outcomes: list[DecodingResult | BaseException]) -> tuple[float | None, int | None]:

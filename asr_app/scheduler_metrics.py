@@ -3,6 +3,7 @@ decoder's workspace figures, and recent request latencies per kind of request.""
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,28 @@ class RecentLatencies:
         return dict(self._count), dict(self._sum)
 
 
+SAMPLES_KEPT = 512   # the latest batches' samples (SchedulerMetrics.samples)
+
+
+@dataclass(frozen=True)
+class BatchSample:
+    """One decoded batch as the scheduler timed it: what its size was chosen from and where its time went. The
+    benches save the latest ones, so that a run on another device says why a batch size won or lost."""
+
+    batch: int                 # its number since the start (SchedulerMetrics.batches after it)
+    kind: str                  # its cost class (scheduler.cost_class)
+    ready: int                 # rows that could have joined it
+    rows: int
+    costs: dict[int, float]    # the sizer's seconds per row by batch size when it chose
+    wall_s: float              # the whole batch, one-time work included
+    cpu_s: float               # the worker thread's CPU time over it: the rest of wall_s it waited (device, other threads)
+    one_time_s: float          # left out of what the sizer recorded (graph captures, cost timing)
+    decode_s: float            # the decoder's own total (features and word timing are outside it)
+    encoder_s: float
+    loop_s: float | None       # None where the rows' figures are not one decode's
+    target_calls: int          # the most any row made
+
+
 @dataclass
 class SchedulerMetrics:
     """What /metrics and the benches read (a consistent copy, see `Scheduler.metrics`)."""
@@ -54,6 +77,7 @@ class SchedulerMetrics:
     # cost class -> rows that could have joined the batch -> rows the sizer took -> batches: what each batch size
     # was chosen from (ready counts above the largest batch's twice are counted there: the dict stays small)
     choices: dict[str, dict[int, dict[int, int]]] = field(default_factory=dict)
+    samples: Sequence[BatchSample] = field(default_factory=lambda: deque(maxlen=SAMPLES_KEPT))   # the latest batches
     resent: int = 0      # rows sent again after the decoder replica holding them was lost (--engine ray)
     trims: int = 0       # times freed memory was given back to the system after an idle spell
     gathers: int = 0     # batches that waited for more file rows arriving (SchedulerOptions.gather_s)
@@ -82,6 +106,13 @@ class SchedulerMetrics:
         """A batch of `rows` taken where `ready` rows of cost class `kind` could have joined it (at most `cap`)."""
         taken = self.choices.setdefault(kind, {}).setdefault(min(ready, cap), {})
         taken[rows] = taken.get(rows, 0) + 1
+
+    def note_sample(self, sample: BatchSample) -> None:
+        self.samples.append(sample)   # a deque: the oldest falls out
+
+    def samples_since(self, before: SchedulerMetrics) -> list[BatchSample]:
+        """The samples of the batches decoded after `before` was copied (those still kept)."""
+        return [s for s in self.samples if s.batch > before.batches]
 
     def copy_choices(self) -> dict[str, dict[int, dict[int, int]]]:
         return {kind: {ready: dict(taken) for ready, taken in by_ready.items()} for kind, by_ready in self.choices.items()}
@@ -123,3 +154,21 @@ class SchedulerMetrics:
             self.audio_s += clip.size / 16_000
             self.drafted += outcome.stats.drafted
             self.accepted += outcome.stats.accepted
+
+
+def summarise_samples(samples: Iterable[BatchSample]) -> dict[str, dict[int, dict[str, float]]]:
+    """Per cost class and batch size: batches, and the medians of seconds per row, of the worker's CPU share of
+    the wall time, and of the decoder's share of it (what a run's samples say at a glance)."""
+    groups: dict[str, dict[int, list[BatchSample]]] = {}
+    for sample in samples:
+        groups.setdefault(sample.kind, {}).setdefault(sample.rows, []).append(sample)
+
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
+
+    return {kind: {rows: {"batches": len(group),
+                          "s_per_row": median([(g.wall_s - g.one_time_s) / g.rows for g in group]),
+                          "cpu_share": median([g.cpu_s / g.wall_s for g in group if g.wall_s > 0] or [0.0]),
+                          "decoder_share": median([g.decode_s / g.wall_s for g in group if g.wall_s > 0] or [0.0])}
+                   for rows, group in sorted(by_rows.items())}
+            for kind, by_rows in sorted(groups.items())}

@@ -125,7 +125,8 @@ def scheduler_added(engine, decoder, options, paths: list[Path], rounds: int) ->
 def batches_formed(before, after) -> dict:
     """The batches formed between two scheduler metrics, by rows, and the sizer's seconds per row at the end."""
     return {"batches_by_rows": after.batches_since(before), "sizer_s_per_row": after.sizer,
-            "choices": after.choices_since(before)}   # kind -> rows ready -> rows taken -> batches
+            "choices": after.choices_since(before),   # kind -> rows ready -> rows taken -> batches
+            **serve_bench.batch_samples(after.samples_since(before))}
 
 
 make_engine = serve_bench.api_engine   # each layer's own scheduler starts with a sizer that has measured nothing

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import dataclasses
 import json
 import os
 import statistics
@@ -249,10 +250,19 @@ def bench_streams(decoder, streaming, counts: list[int], engines: list[str], con
         report[name] = {"alone_wer": alone_wer, "alone": alone_lat, "streams": rows,
                         "batches_by_rows": metrics.rows_per_batch, "sizer_s_per_row": metrics.sizer,
                         "choices": metrics.choices,   # kind -> rows ready -> rows taken -> batches
+                        **batch_samples(metrics.samples),   # the latest batches: why each size won
                         "graphs": graph_figures(metrics)}   # the whole run: warm-up and clips alone too
         server.should_exit = True
         engine.scheduler.close()
     return report
+
+
+def batch_samples(samples) -> dict:
+    """Scheduler batch samples (SchedulerMetrics.samples) as a report saves them, with their summary per kind of
+    work and batch size."""
+    from asr_app.scheduler_metrics import summarise_samples
+
+    return {"sample_summary": summarise_samples(samples), "batch_samples": [dataclasses.asdict(s) for s in samples]}
 
 
 def graph_figures(after, before=None) -> dict:
@@ -330,6 +340,7 @@ def api_rounds(engine, decoder, send: Callable[[Path], str], paths: list[Path], 
     batches: collections.Counter = collections.Counter()   # the concurrent rounds' batches, by rows
     gathers, gather_s = 0, 0.0
     choices = SchedulerMetrics()   # the concurrent rounds' sizer choices, summed (its `choices` only)
+    samples = []                   # ... and their batches' samples
     for _ in range(rounds):
         started = time.perf_counter()
         sequential = [send(p) for p in paths]
@@ -343,6 +354,7 @@ def api_rounds(engine, decoder, send: Callable[[Path], str], paths: list[Path], 
         batches.update(after.batches_since(before))
         gathers, gather_s = gathers + after.gathers - before.gathers, gather_s + after.gather_s - before.gather_s
         choices.add_choices(after.choices_since(before))
+        samples += after.samples_since(before)
         rounds_texts += [sequential, together]
     sequential_s, concurrent_s = statistics.median(seq_times), statistics.median(conc_times)
     offline = [transcribe(decoder, str(p)).text for p in paths]
@@ -353,7 +365,7 @@ def api_rounds(engine, decoder, send: Callable[[Path], str], paths: list[Path], 
            "batches_by_rows": batches, "sizer_s_per_row": after.sizer, "sequential_rounds_s": seq_times,
            "concurrent_rounds_s": conc_times, "round_ratios": [c / s for c, s in zip(conc_times, seq_times)],
            "gathers": gathers, "gather_s": gather_s, "graphs": graph_figures(after, start),   # every round's
-           "choices": choices.choices}
+           "choices": choices.choices, **batch_samples(samples)}
     print(f"API x{len(paths)}: one at a time {sequential_s:.1f} s, together {concurrent_s:.1f} s "
           f"({row['ratio']:.2f}x; rounds {', '.join(f'{r:.2f}' for r in row['round_ratios'])}); identical to "
           f"transcribe(): {row['identical_to_transcribe']}; batches {batches}")

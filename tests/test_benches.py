@@ -277,6 +277,10 @@ def test_api_layers_times_every_layer_both_ways_and_compares_the_texts(tmp_path,
     assert "together_s" not in layers["transcribe"]
     for name in ("scheduler", "http"):   # each layer's own scheduler decoded every window of both rounds at once
         assert sum(int(k) * n for k, n in layers[name]["batches_by_rows"].items()) == 2 * 2
+        samples = layers[name]["batch_samples"]   # one per batch formed all at once, with its summary
+        assert sum(s["rows"] for s in samples) == 2 * 2 and all(s["wall_s"] >= s["decode_s"] > 0 for s in samples)
+        summary = layers[name]["sample_summary"]
+        assert sum(row["batches"] for kind in summary.values() for row in kind.values()) == len(samples)
     assert report["identical"] == {"decoder": True, "transcribe": True, "scheduler": True, "http": True}
     table = out.with_suffix(".md").read_text()
     assert table.count("\n| ") == 5 and "| transcribe |" in table and "| - | - | - |" in table

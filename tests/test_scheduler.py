@@ -24,6 +24,7 @@ from asr_app.scheduler import (
     SchedulerBusy,
     SchedulerOptions,
 )
+from asr_app.scheduler_metrics import SAMPLES_KEPT, BatchSample, SchedulerMetrics, summarise_samples
 
 CLIPS = ["LJ001-0002", "LJ001-0008", "LJ001-0004"]
 
@@ -417,6 +418,20 @@ def test_one_kinds_costs_leave_another_kinds_batch_size_alone(decoder):
         scheduler.close()
 
 
+def test_batch_samples_keep_the_latest_and_summarise_per_kind_and_size():
+    metrics = SchedulerMetrics()
+    for n in range(1, SAMPLES_KEPT + 11):
+        metrics.batches = n
+        metrics.note_sample(BatchSample(batch=n, kind="live exact", ready=2, rows=1, costs={1: 0.1}, wall_s=0.2,
+                                        cpu_s=0.1, one_time_s=0.0, decode_s=0.15, encoder_s=0.05, loop_s=0.1,
+                                        target_calls=3))
+    assert len(metrics.samples) == SAMPLES_KEPT and metrics.samples[0].batch == 11
+    before = SchedulerMetrics(batches=SAMPLES_KEPT + 5)
+    assert [s.batch for s in metrics.samples_since(before)] == list(range(SAMPLES_KEPT + 6, SAMPLES_KEPT + 11))
+    assert summarise_samples(metrics.samples)["live exact"][1] == pytest.approx(
+        {"batches": SAMPLES_KEPT, "s_per_row": 0.2, "cpu_share": 0.5, "decoder_share": 0.75})
+
+
 def _batching_pays(scheduler: Scheduler, kind: str = "file exact") -> None:
     """Costs as a device where two rows cost less per row than one (first batches of a size: warm-up)."""
     sizer = scheduler.sizer(kind)
@@ -443,7 +458,19 @@ def test_file_rows_still_arriving_are_gathered_into_one_batch(decoder):
         texts = [job.result(60).text for job in jobs]
         assert recording.batches == [["upload-0"], [f"upload-{i}" for i in range(1, 5)]]
         assert texts == [decoder.decode([clip], options)[0].text for clip in clips]
-        assert scheduler.metrics().gathers == 1
+        metrics = scheduler.metrics()
+        assert metrics.gathers == 1
+        # Each batch's sample: what its size was chosen from, and where its time went.
+        first, second = metrics.samples
+        assert (first.kind, first.ready, first.rows, second.ready, second.rows) == ("file exact", 1, 1, 4, 4)
+        assert first.costs == pytest.approx({1: 1.0, 2: 0.6}) and (first.batch, second.batch) == (1, 2)
+        for sample in (first, second):
+            assert 0 < sample.cpu_s and 0 < sample.encoder_s < sample.decode_s <= sample.wall_s
+            assert sample.loop_s is not None and 0 < sample.loop_s < sample.decode_s and sample.target_calls > 0
+        summary = summarise_samples(metrics.samples)
+        assert list(summary) == ["file exact"] and sorted(summary["file exact"]) == [1, 4]
+        assert summary["file exact"][4]["s_per_row"] == pytest.approx((second.wall_s - second.one_time_s) / 4)
+        assert 0 < summary["file exact"][4]["decoder_share"] <= 1
     finally:
         scheduler.close()
 

@@ -148,6 +148,7 @@ def merge_metrics(boards: dict[str, tuple[float, int, SchedulerMetrics]], now: f
         for size, count in m.rows_per_batch.items():
             total.rows_per_batch[size] = total.rows_per_batch.get(size, 0) + count
         total.add_choices(m.choices)
+        total.samples.extend(m.samples)   # each replica's latest (their `batch` numbers are each replica's own)
         for name, values in m.latencies.items():
             total.latencies.setdefault(name, []).extend(values)
         for name, count in m.latency_count.items():
