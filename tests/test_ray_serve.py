@@ -25,7 +25,7 @@ from websockets.asyncio.client import connect
 
 pytest.importorskip("ray.serve", reason="Ray Serve is part of the dev extra")
 
-from asr_app.scheduler_metrics import SchedulerMetrics  # noqa: E402
+from asr_app.scheduler_metrics import BatchSample, SchedulerMetrics  # noqa: E402
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))   # the bench's helpers that find and kill a busy replica
 from ray_serve_bench import kill_a_busy_replica, replica_pids  # noqa: E402
@@ -192,16 +192,23 @@ def test_scaling_options_are_checked():
     assert main(["--replicas", "2", "--target", "x"]) == 2   # a Ray option without --engine ray
 
 
+def _sample(batch: int) -> BatchSample:
+    return BatchSample(batch=batch, kind="file exact", ready=batch, rows=batch, costs={1: 0.5}, wall_s=1.0, cpu_s=0.9,
+                       one_time_s=0.0, decode_s=0.9, encoder_s=0.1, loop_s=0.7, target_calls=9)
+
+
 def test_metrics_of_replicas_add_up_and_a_silent_replica_leaves_the_queue():
     a = SchedulerMetrics(queue_depth=3, batches=2, rows=5, rows_per_batch={1: 1, 4: 1}, busy_s=1.0, audio_s=10.0,
                          drafted=10, accepted=7, latencies={"live": [0.1], "file": []}, gathers=1, gather_s=0.5,
                          workspaces=2, workspace_rows=5, workspace_evictions=1, graph_evictions=2,
-                         graph_captures=30, graph_capture_s=1.5, choices={"file exact": {4: {2: 1}}})
+                         graph_captures=30, graph_capture_s=1.5, choices={"file exact": {4: {2: 1}}},
+                         samples=[_sample(1)])
     b = SchedulerMetrics(queue_depth=4, batches=1, rows=1, rows_per_batch={1: 1}, busy_s=0.5, audio_s=2.0,
                          drafted=4, accepted=1, latencies={"live": [0.3], "file": [2.0]}, gathers=2, gather_s=0.25,
                          workspaces=3, workspace_rows=7, workspace_evictions=4, graph_evictions=8,
                          graph_captures=50, graph_capture_s=2.5,
-                         choices={"file exact": {4: {2: 2, 4: 1}}, "live exact": {1: {1: 3}}})
+                         choices={"file exact": {4: {2: 2, 4: 1}}, "live exact": {1: {1: 3}}},
+                         samples=[_sample(1), _sample(2)])
     merged = merge_metrics({"a": (100.0, 1, a), "b": (90.0, 2, b)}, now=101.0)
     assert merged.queue_depth == 3   # b published 11 s ago: gone, its queue with it; its totals stay
     assert (merged.workspaces, merged.workspace_rows) == (2, 5)   # held now: the live replicas' only
@@ -212,6 +219,7 @@ def test_metrics_of_replicas_add_up_and_a_silent_replica_leaves_the_queue():
     assert sorted(merged.latencies["live"]) == [0.1, 0.3] and merged.latencies["file"] == [2.0]
     assert np.isclose(merged.busy_s, 1.5)
     assert merged.choices == {"file exact": {4: {2: 3, 4: 1}}, "live exact": {1: {1: 3}}}
+    assert [(m.batch, m.rows) for m in merged.samples] == [(1, 1), (1, 1), (2, 2)]   # each replica's latest
 
 
 def test_serve_batching_groups_rows_that_can_share_a_batch_and_fails_only_their_group():
