@@ -123,6 +123,9 @@ class Scheduler:
                hint: Sequence[int] | None = None, *, priority: int = FILE, session: str = "") -> Future:
         """Queue one clip (16 kHz mono float32, at most 30 s); the future holds its DecodingResult."""
         future: Future = Future()
+        # An empty hint is none (the decoder reads it so): counted as one, it would batch with hinted rows and
+        # turn their hints off, since lock-step hint steps need a proposal on every row.
+        hint = hint if hint is not None and len(hint) else None
         key = (batch_options(options), hint is not None, self._rows_key(options, prompt))
         with self._cond:
             if self._closed:

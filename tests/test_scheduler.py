@@ -239,6 +239,35 @@ def test_live_first_one_row_per_session_and_same_texts(decoder):
     assert sum(len(b) for b in recording.batches) == 5
 
 
+def test_an_empty_hint_is_no_hint(decoder):
+    """A re-decode whose previous decode wrote nothing offers an empty hint: it batches with unhinted rows and
+    is sized as one. (Counted as hinted, it joined hinted rows, and the decoder turned every row's hint off.)"""
+    recording = Recording(decoder)
+    scheduler = Scheduler(recording, SchedulerOptions(max_rows=4))
+    options = DecodingOptions(mode="exact")
+    _batching_pays(scheduler, "live exact")
+    clips = [_clip(c)[: 3 * 16_000] for c in CLIPS[:2]]
+    try:
+        with scheduler.hold():
+            jobs = []
+            for i, (clip, hint) in enumerate(zip(clips, ([], None))):
+                recording.sessions[id(clip)] = f"live-{i}"
+                jobs.append(scheduler.submit(clip, options, hint=hint, priority=LIVE, session=f"live-{i}"))
+        texts = [job.result(60).text for job in jobs]
+        assert recording.batches == [["live-0", "live-1"]]
+        assert [s.kind for s in scheduler.metrics().samples] == ["live exact"]
+        assert texts == [decoder.decode([clip], options)[0].text for clip in clips]
+        # Beside a hinted row it goes in a batch of its own, and the hinted row keeps its hint.
+        hint = decoder.decode([clips[0]], options)[0].tokens
+        with scheduler.hold():
+            hinted = scheduler.submit(clips[0], options, hint=hint, priority=LIVE, session="live-0")
+            empty = scheduler.submit(clips[1], options, hint=[], priority=LIVE, session="live-1")
+        assert hinted.result(60).stats.hinted > 0 and empty.result(60).text == texts[1]
+        assert recording.batches[1:] == [["live-0"], ["live-1"]]
+    finally:
+        scheduler.close()
+
+
 def test_a_bad_row_fails_alone_and_a_full_queue_says_busy(decoder):
     scheduler = Scheduler(decoder, SchedulerOptions(max_rows=4, max_queue=3))
     options = DecodingOptions(mode="exact")
