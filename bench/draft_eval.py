@@ -3,7 +3,8 @@
     python bench/draft_eval.py --target openai/whisper-base --draft bundled --audio /work/ml/heldout \
         --languages detect given --threads 2
 
-For each way of choosing the decoding language (`detect`: the target detects it per clip, as a user's
+For each draft given (several: compared in one run, each setting's drafts measured one after another) and
+each way of choosing the decoding language (`detect`: the target detects it per clip, as a user's
 file decodes without `--language`; `given`: each clip in its folder's language, as `--language xx`
 decodes), in one run: greedy `exact` identical to `off`, `exact`'s end-to-end speed over `off` (timed
 clip by clip, alternating), the token loop's own speed-up and the ceiling, tokens per target call at fixed
@@ -30,7 +31,9 @@ def _ints(value: str) -> tuple[int, ...]:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="openai/whisper-base")
-    p.add_argument("--draft", default="bundled", help="bundled (the draft shipped for the target) or a folder")
+    p.add_argument("--draft", nargs="+", default=["bundled"],
+                   help="bundled (the draft shipped for the target) or a folder; several: each measured in every "
+                        "setting, one after another, on the same clips")
     p.add_argument("--audio", nargs="+", type=Path, required=True, help="held-out audio (language folders)")
     p.add_argument("--languages", nargs="+", choices=("detect", "given"), default=["detect", "given"])
     p.add_argument("--task", choices=("transcribe", "translate"), default="transcribe",
@@ -42,6 +45,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--encoder-matmul-dtype", nargs="+", choices=ENCODER_MATMUL_DTYPES, default=["same"],
                    help="the target encoder's products (RuntimeOptions.encoder_matmul_dtype); several: each measured")
     p.add_argument("--name", default="draft_eval", help="the result file's name")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the result's JSON path (default bench/results/<device>/<day>/<name>.json)")
     return p.parse_args(argv)
 
 
@@ -66,7 +71,9 @@ def _language_rows(how: str, d: dict) -> list[str]:
 def table(result: dict) -> str:
     runs = result["runs"]
     task = " translated into English" if result.get("task") == "translate" else ""
-    lines = [f"{result['target']} + draft `{result['draft']}`, greedy, {result['clips']} held-out clips{task} "
+    drafts = result.get("drafts") or [result["draft"]]
+    named = " and ".join(f"`{d}`" for d in drafts)
+    lines = [f"{result['target']} + draft{'s' if len(drafts) > 1 else ''} {named}, greedy, {result['clips']} held-out clips{task} "
              f"({result['minutes']:.1f} min), {result['threads']} threads; {result['cpu']}", "",
              "| decoding language | exact == off | exact / off, end to end | in the loop | ceiling | off / exact s "
              "| tokens per target call (gamma) |", "|---|---|---|---|---|---|---|"]
@@ -92,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     began = time.perf_counter()
     pair = load_pair(target=args.target, draft=None, device="cpu")
-    draft = load_baseline(args.draft, pair)
+    drafts = {spec: load_baseline(spec, pair) for spec in args.draft}   # each checked before any decode
     clips = inventory(args.audio, role="held-out").clips[: args.max_clips]
     read = ClipReader()
     audio = [read(c) for c in clips]
@@ -100,16 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     runs = {}
     for dtype in args.encoder_matmul_dtype:
         for how in args.languages:
-            key = how if dtype == "same" else f"{how}, {dtype} encoder"
-            options = EvalOptions(gammas=args.gammas, language=how, task=args.task)
-            found = in_decoder(pair, draft, audio, names, options, args.max_new_tokens,
-                               RuntimeOptions(encoder_matmul_dtype=dtype), languages=[c.folder_language for c in clips])
-            runs[key] = decoder_figures(found)
-            print(f"{key}: exact/off {found.speedup:.2f}x, identical {found.identical}/{found.clips}", flush=True)
-    result = {"target": args.target, "draft": args.draft, "task": args.task, "clips": len(clips), "threads": args.threads,
+            for spec, draft in drafts.items():
+                key = how if dtype == "same" else f"{how}, {dtype} encoder"
+                key = f"{spec}: {key}" if len(drafts) > 1 else key
+                options = EvalOptions(gammas=args.gammas, language=how, task=args.task)
+                found = in_decoder(pair, draft, audio, names, options, args.max_new_tokens,
+                                   RuntimeOptions(encoder_matmul_dtype=dtype),
+                                   languages=[c.folder_language for c in clips], draft_name=spec)
+                runs[key] = decoder_figures(found)
+                print(f"{key}: exact/off {found.speedup:.2f}x, identical {found.identical}/{found.clips}", flush=True)
+    result = {"target": args.target, "draft": ", ".join(args.draft), "drafts": list(args.draft), "task": args.task, "clips": len(clips), "threads": args.threads,
               "minutes": sum(c.seconds for c in clips) / 60, "cpu": describe_cpu(cpu_facts(args.threads)),
               "runs": runs, "seconds": round(time.perf_counter() - began, 1)}
-    save_results(result_path(args.name), result, table(result))
+    save_results(args.out or result_path(args.name), result, table(result))
     return 0
 
 

@@ -239,6 +239,35 @@ def test_identity_probe_finds_no_difference_in_fp32_on_the_cpu(tmp_path, monkeyp
     assert "exact gamma 2: 2x" in out.with_suffix(".md").read_text()
 
 
+def test_draft_eval_compares_drafts_on_the_same_clips_in_one_run(tmp_path, monkeypatch, one_torch_thread):
+    # Two drafts of the real tiny.en (the shipped one, and its layers 0 and 3 untrained), two clips: each draft's
+    # own figures, output identical to the target's, and the shipped draft accepting more than the untrained one.
+    import shutil
+
+    from conftest import LJSPEECH_DIR, TINY_EN_DIR
+    from transformers import WhisperForConditionalGeneration
+
+    from asr_app.models import derive_draft
+
+    audio = tmp_path / "held"
+    audio.mkdir()
+    for name in ("LJ001-0002", "LJ001-0008"):
+        shutil.copy(LJSPEECH_DIR / "wavs" / f"{name}.flac", audio)
+    derive_draft(WhisperForConditionalGeneration.from_pretrained(TINY_EN_DIR), (0, 3)).save_pretrained(tmp_path / "d03")
+    bench = import_bench(monkeypatch, "draft_eval.py")
+    out = tmp_path / "draft_eval.json"
+    assert bench.main(["--target", str(TINY_EN_DIR), "--draft", "bundled", str(tmp_path / "d03"), "--audio", str(audio),
+                       "--languages", "detect", "--gammas", "1,3", "--threads", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    runs = report["runs"]
+    assert list(runs) == ["bundled: detect", f"{tmp_path / 'd03'}: detect"] and report["drafts"][0] == "bundled"
+    shipped, untrained = runs.values()
+    assert shipped["identical"] == untrained["identical"] == 2 == report["clips"]
+    assert shipped["tokens_per_call"]["3"] > untrained["tokens_per_call"]["3"] >= 1
+    table = out.with_suffix(".md").read_text()
+    assert "drafts `bundled` and" in table and "| bundled: detect | 2/2 |" in table
+
+
 def test_encoder_dtype_bench_reports_speed_words_and_identity(tmp_path, monkeypatch, one_torch_thread):
     import torch
 
