@@ -34,9 +34,10 @@ class BatchSizer:
 
     A measurement ages: once `retry_after` batches have been recorded since a measured size last ran, the
     size is stale, and where it can be formed and is not the best it runs once more, its new cost replacing
-    the old outright. A size judged on a few batches in a passing state of the device (a slow spell, other
-    threads busy) is thus judged again, at the price of one batch in `retry_after`; an H200 run judged two rows
-    on three batches and formed no more over 834 (docs/serving.md).
+    the old outright; one such retry at most in `retry_after` batches, however many sizes are stale. A size
+    judged on a few batches in a passing state of the device (a slow spell, other threads busy) is thus
+    judged again, at the price of at most one batch in `retry_after`; an H200 run judged two rows on three
+    batches and formed no more over 834 (docs/serving.md).
 
     The first `warmup` batches of each size are not counted: a size's first batch carries one-time work
     the decoder cannot all report (new workspaces, kernels tuned for the new shape, graphs captured on
@@ -59,6 +60,7 @@ class BatchSizer:
         self.retry_after = retry_after
         self.recorded = 0                  # batches recorded, every size
         self.last_run: dict[int, int] = {}  # batch size -> `recorded` after its latest batch
+        self.last_retry = 0                # `recorded` after the latest batch of a stale size
 
     @property
     def cost(self) -> dict[int, float]:
@@ -66,8 +68,9 @@ class BatchSizer:
         steps = self.steps_per_row or 0.0
         return {size: c.fixed + steps * c.per_step for size, c in self.costs.items()}
 
-    def choose(self, ready: int) -> int:
-        """The batch size for `ready` compatible requests (at least 1, at most `ready`)."""
+    def choose(self, ready: int, retry: bool = True) -> int:
+        """The batch size for `ready` compatible requests (at least 1, at most `ready`); `retry`: a stale size
+        may be chosen (see the class doc; False where the answer only decides whether to wait for rows)."""
         usable = [s for s in self.sizes if s <= max(1, ready)]
         cost = self.cost
         for size in usable:
@@ -79,6 +82,8 @@ class BatchSizer:
         for size in usable:   # a larger batch must beat the best smaller one clearly: its rows wait longer
             if size in cost and cost[size] < cost.get(best, float("inf")) * (1 - self._margin(size, ready)):
                 best = size
+        if not retry or self.recorded - self.last_retry < self.retry_after:
+            return best
         stale = [s for s in usable if s != best and s in cost and self._stale(s)]
         return min(stale, key=lambda s: (self.last_run[s], s)) if stale else best
 
@@ -98,8 +103,11 @@ class BatchSizer:
         all (where the decoder reports them; else the batch counts as seconds per row alone)."""
         size = max(s for s in self.sizes if s <= rows) if rows >= 1 else 1
         stale = self._stale(size)
+        cost = self.cost
         self.recorded += 1
         self.last_run[size] = self.recorded
+        if stale and size in cost and cost[size] > min(cost.values()):   # a retry (the best back after a gap is not)
+            self.last_retry = self.recorded
         self.seen[size] = self.seen.get(size, 0) + 1
         if self.seen[size] <= self.warmup:
             return

@@ -123,9 +123,7 @@ class Scheduler:
                hint: Sequence[int] | None = None, *, priority: int = FILE, session: str = "") -> Future:
         """Queue one clip (16 kHz mono float32, at most 30 s); the future holds its DecodingResult."""
         future: Future = Future()
-        # An empty hint is none (the decoder reads it so): counted as one, it would batch with hinted rows and
-        # turn their hints off, since lock-step hint steps need a proposal on every row.
-        hint = hint if hint is not None and len(hint) else None
+        hint = as_hint(hint)
         key = (batch_options(options), hint is not None, self._rows_key(options, prompt))
         with self._cond:
             if self._closed:
@@ -280,7 +278,7 @@ class Scheduler:
             compatible = self._candidates()
             now = time.monotonic()
             stop = min(began + window, self._arriving_until(window))
-            wanted = self.sizer(cost_class(compatible[0])).choose(2 * len(compatible)) > len(compatible)
+            wanted = self.sizer(cost_class(compatible[0])).choose(2 * len(compatible), retry=False) > len(compatible)
             if compatible[0].priority != FILE or not wanted or stop <= now:
                 break
             self._cond.wait(stop - now)
@@ -396,6 +394,12 @@ class Scheduler:
             except Exception as exc:  # noqa: BLE001
                 outcomes.append(exc)
         return outcomes, False
+
+
+def as_hint(hint: Sequence[int] | None) -> Sequence[int] | None:
+    """An empty hint is none (the decoder reads it so): counted as one, it would batch with hinted rows and turn
+    their hints off, since lock-step hint steps need a proposal on every row."""
+    return hint if hint is not None and len(hint) else None
 
 
 def cost_class(request: _Request) -> str:

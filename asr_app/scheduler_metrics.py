@@ -49,7 +49,9 @@ class BatchSample:
     rows: int
     costs: dict[int, float]    # the sizer's seconds per row by batch size when it chose
     wall_s: float              # the whole batch, one-time work included
-    cpu_s: float               # the worker thread's CPU time over it: the rest of wall_s it waited (device, other threads)
+    # The worker thread's CPU time over it: the rest of wall_s it waited, for other threads (the interpreter
+    # lock) or a device that blocks. A CUDA sync may spin, so on a GPU device waits can count as CPU time too.
+    cpu_s: float
     one_time_s: float          # left out of what the sizer recorded (graph captures, cost timing)
     decode_s: float            # the decoder's own total (features and word timing are outside it)
     encoder_s: float
@@ -77,7 +79,8 @@ class SchedulerMetrics:
     # cost class -> rows that could have joined the batch -> rows the sizer took -> batches: what each batch size
     # was chosen from (ready counts above the largest batch's twice are counted there: the dict stays small)
     choices: dict[str, dict[int, dict[int, int]]] = field(default_factory=dict)
-    samples: Sequence[BatchSample] = field(default_factory=lambda: deque(maxlen=SAMPLES_KEPT))   # the latest batches
+    # The latest batches': a bounded deque where the scheduler notes them, a list in copies and Ray's sums.
+    samples: deque[BatchSample] | list[BatchSample] = field(default_factory=lambda: deque(maxlen=SAMPLES_KEPT))
     resent: int = 0      # rows sent again after the decoder replica holding them was lost (--engine ray)
     trims: int = 0       # times freed memory was given back to the system after an idle spell
     gathers: int = 0     # batches that waited for more file rows arriving (SchedulerOptions.gather_s)
@@ -163,9 +166,7 @@ def summarise_samples(samples: Iterable[BatchSample]) -> dict[str, dict[int, dic
     for sample in samples:
         groups.setdefault(sample.kind, {}).setdefault(sample.rows, []).append(sample)
 
-    def median(values: list[float]) -> float:
-        return statistics.median(values)
-
+    median = statistics.median
     return {kind: {rows: {"batches": len(group),
                           "s_per_row": median([(g.wall_s - g.one_time_s) / g.rows for g in group]),
                           "cpu_share": median([g.cpu_s / g.wall_s for g in group if g.wall_s > 0] or [0.0]),

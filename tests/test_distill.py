@@ -288,7 +288,11 @@ def test_resume_after_a_kill_gives_the_same_weights(workspace, whole_run):
     assert not torch.equal(first, resumed.student.model.decoder.layers[0].fc1.weight)
 
 
-def test_a_draft_trained_further_starts_from_its_own_weights(workspace, cli_run, whole_run, capsys):
+def no_teacher_pass(*args, **kwargs):
+    raise AssertionError("the teacher pass ran")
+
+
+def test_a_draft_trained_further_starts_from_its_own_weights(workspace, cli_run, whole_run, capsys, monkeypatch):
     """--init-draft: the student starts as the given draft (its layers, its head's ranking), not the target's
     first and last layers; the run's identity holds that draft's weights; a draft of another target's
     embeddings, or --layers beside it, is refused with one line before the teacher pass."""
@@ -312,7 +316,8 @@ def test_a_draft_trained_further_starts_from_its_own_weights(workspace, cli_run,
     assert further.training.history[0].loss < 0.8 * whole_run.training.history[0].loss, (
         further.training.history[0].loss, whole_run.training.history[0].loss)
     card = json.loads((workspace / "further" / "card.json").read_text())
-    assert card["training"]["init_draft"] == str(first) and "--init-draft" in card["training"]["layers"]
+    assert card["training"]["started_from"] == str(first) and card["training"]["layers"] is None
+    assert f"the draft `{first}` trained further" in (workspace / "further" / "README.md").read_text()
     run = json.loads((workspace / "further" / "run.json").read_text())
     assert run["identity"]["start_draft"] == target_fingerprint(start)
 
@@ -326,6 +331,17 @@ def test_a_draft_trained_further_starts_from_its_own_weights(workspace, cli_run,
     assert not (workspace / "o9").exists()
     code, err = run_cli(capsys, *common, "--out", str(workspace / "o10"), "--init-draft", str(first), "--layers", "0,1")
     assert code == 2 and "exclude each other" in err
+    # A draft whose head was trained on a ranking keeps it: the run must train a head of that size, and a
+    # ranking the tokenizer cannot hold is named before the teacher pass.
+    from asr_app.runtime.vocab import RANKING_ATTR
+    for name, ranking in (("ranked", list(range(100, 2100))), ("bad-ranking", [50300, 7])):
+        setattr(start.config, RANKING_ATTR, ranking)
+        start.save_pretrained(workspace / name)
+    monkeypatch.setattr("asr_app.distill.pipeline.teacher_pass", no_teacher_pass)
+    code, err = run_cli(capsys, *common, "--out", str(workspace / "o11"), "--init-draft", str(workspace / "ranked"))
+    assert code == 2 and "trained with a head of 3608 tokens" in err and "--draft-vocab 3608 (not 32768)" in err, err
+    code, err = run_cli(capsys, *common, "--out", str(workspace / "o12"), "--init-draft", str(workspace / "bad-ranking"))
+    assert code == 2 and len(err.splitlines()) == 1 and f"--init-draft {workspace / 'bad-ranking'}:" in err, err
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str]:

@@ -202,13 +202,13 @@ def test_metrics_of_replicas_add_up_and_a_silent_replica_leaves_the_queue():
                          drafted=10, accepted=7, latencies={"live": [0.1], "file": []}, gathers=1, gather_s=0.5,
                          workspaces=2, workspace_rows=5, workspace_evictions=1, graph_evictions=2,
                          graph_captures=30, graph_capture_s=1.5, choices={"file exact": {4: {2: 1}}},
-                         samples=[_sample(1)])
+                         samples=[_sample(1 + k) for k in range(400)])
     b = SchedulerMetrics(queue_depth=4, batches=1, rows=1, rows_per_batch={1: 1}, busy_s=0.5, audio_s=2.0,
                          drafted=4, accepted=1, latencies={"live": [0.3], "file": [2.0]}, gathers=2, gather_s=0.25,
                          workspaces=3, workspace_rows=7, workspace_evictions=4, graph_evictions=8,
                          graph_captures=50, graph_capture_s=2.5,
                          choices={"file exact": {4: {2: 2, 4: 1}}, "live exact": {1: {1: 3}}},
-                         samples=[_sample(1), _sample(2)])
+                         samples=[_sample(1 + k % 2) for k in range(400)])
     merged = merge_metrics({"a": (100.0, 1, a), "b": (90.0, 2, b)}, now=101.0)
     assert merged.queue_depth == 3   # b published 11 s ago: gone, its queue with it; its totals stay
     assert (merged.workspaces, merged.workspace_rows) == (2, 5)   # held now: the live replicas' only
@@ -219,7 +219,7 @@ def test_metrics_of_replicas_add_up_and_a_silent_replica_leaves_the_queue():
     assert sorted(merged.latencies["live"]) == [0.1, 0.3] and merged.latencies["file"] == [2.0]
     assert np.isclose(merged.busy_s, 1.5)
     assert merged.choices == {"file exact": {4: {2: 3, 4: 1}}, "live exact": {1: {1: 3}}}
-    assert [(m.batch, m.rows) for m in merged.samples] == [(1, 1), (1, 1), (2, 2)]   # each replica's latest
+    assert len(merged.samples) == 800 and merged.samples[0].batch == 1 and merged.samples[399].batch == 400
 
 
 def test_serve_batching_groups_rows_that_can_share_a_batch_and_fails_only_their_group():
@@ -302,9 +302,11 @@ def test_the_board_keeps_the_totals_of_replicas_it_drops():
 
     board = MetricsBoard()
     for k in range(70):   # more replicas than the board keeps (autoscaling churn, restarts)
-        board.publish(f"r{k}", k, SchedulerMetrics(batches=1, rows=2, latencies={"live": [0.1]}))
+        board.publish(f"r{k}", k, SchedulerMetrics(batches=1, rows=2, latencies={"live": [0.1]},
+                                                   samples=[_sample(1)]))
     boards = board.snapshot()
     assert len(boards) == 65 and boards["retired"][2].batches == 6 and boards["retired"][2].latencies == {}
+    assert list(boards["retired"][2].samples) == []   # a retired replica's batches are not the live ones
     merged = merge_metrics(boards, now=boards["r69"][0])
     assert (merged.batches, merged.rows) == (70, 140)   # no counter goes down
 

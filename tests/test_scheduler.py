@@ -113,6 +113,17 @@ def test_sizer_judges_a_size_again_once_its_measurement_is_stale():
         formed.append(still.choose(2))
         still.record(formed[-1], 1.0 * formed[-1] if formed[-1] == 1 else 6.0)
     assert [i for i, rows in enumerate(formed) if rows == 2] == [5, 11, 17]   # after five batches of one, no sooner
+    both = BatchSizer(max_rows=4, warmup=0, retry_after=5)   # two sizes stale at once: one retry per five batches
+    for rows, seconds in ((1, 1.0), (2, 6.0), (4, 12.0)):
+        both.record(rows, seconds)
+    formed = []
+    for _ in range(12):
+        formed.append(both.choose(4))
+        both.record(formed[-1], {1: 1.0, 2: 6.0, 4: 12.0}[formed[-1]])
+    assert [rows for rows in formed if rows > 1] == [2, 4] and formed.index(4) - formed.index(2) >= 5, formed
+    stale = BatchSizer(max_rows=2, warmup=0, retry_after=1)
+    stale.record(1, 1.0), stale.record(2, 6.0), stale.record(1, 1.0)
+    assert stale.choose(2) == 2 and stale.choose(2, retry=False) == 1   # asking whether to wait never retries
     with pytest.raises(ValueError):
         BatchSizer(max_rows=2, retry_after=0)
 

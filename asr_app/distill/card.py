@@ -64,6 +64,12 @@ def _evaluation_lines(card: dict) -> list[str]:
     return lines
 
 
+def _student(train: dict) -> str:
+    if train.get("started_from"):
+        return f"the draft `{train['started_from']}` trained further (its layers and head)"
+    return f"decoder layers {train['layers']} of the target"
+
+
 def render_markdown(card: dict) -> str:
     data, train, teacher = card["data"], card["training"], card["teacher"]
     lines = [
@@ -71,7 +77,7 @@ def render_markdown(card: dict) -> str:
         "A decoder-only Whisper draft (`WhisperForCausalLM`) distilled by `asr-distill` from its target, which it",
         "runs beside (on the target's encoder output). Load it with `--draft` and this folder.", "",
         f"- target: `{card['target']['name']}` (fingerprint `{card['target']['fingerprint'][:16]}`)",
-        f"- student: decoder layers {train['layers']} of the target; embeddings frozen at the target's",
+        f"- student: {_student(train)}; embeddings frozen at the target's",
         f"- command: `{card.get('command', '')}`", "",
         "## Data", "",
         f"Training: {data['train']['clips']} clips from {data['train']['files']} files, "

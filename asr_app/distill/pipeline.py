@@ -315,7 +315,7 @@ def distill(options: DistillOptions, report: Reporter | None = None, command: st
     if options.resume:
         _check_resumable(file, _identity(options, data, None))  # before the target loads: a quick answer
     pair = _load_target(options)
-    start = _start_draft(options.train.init_draft, pair)
+    start = _start_draft(options, pair)
     identity = _identity(options, data, target_fingerprint(pair.target),
                          target_fingerprint(start) if start is not None else None)
     if options.resume:
@@ -452,15 +452,25 @@ def load_baseline(spec: str, pair: ModelPair, flag: str = "--baseline-draft") ->
     return draft.to(pair.device).eval()
 
 
-def _start_draft(spec: str | None, pair: ModelPair) -> WhisperForCausalLM | None:
-    """The draft the student starts from (--init-draft), checked against the target before the teacher pass."""
+def _start_draft(options: DistillOptions, pair: ModelPair) -> WhisperForCausalLM | None:
+    """The draft the student starts from (--init-draft), checked against the target and --draft-vocab before the
+    teacher pass: its head's ranking is kept, so the run must train a head of that ranking's size."""
+    spec = options.train.init_draft
     if spec is None:
         return None
     draft = load_baseline(spec, pair, "--init-draft")
+    vocab, eos = pair.target.config.vocab_size, eos_token(pair.target.generation_config)
     try:
         check_start(pair.target, draft, f"--init-draft {spec}")
+        ranking = draft_ranking(draft)
+        if ranking is not None:
+            draft_vocabulary(pair.processor.tokenizer, vocab, eos, len(ranking) + vocab - eos, ranking)
     except ValueError as exc:
-        raise DistillError(str(exc)) from exc
+        raise DistillError(f"--init-draft {spec}: {exc}") from exc
+    if ranking is not None and options.train.draft_vocab != len(ranking) + vocab - eos:
+        size = len(ranking) + vocab - eos
+        raise DistillError(f"--init-draft {spec} was trained with a head of {size} tokens, which it keeps: give "
+                           f"--draft-vocab {size} (not {options.train.draft_vocab or 0})")
     return draft
 
 
@@ -480,10 +490,10 @@ def _data_card(run: _Run) -> dict:
                          "clips": len(data.held), "hours": sum(c.seconds for c in data.held) / 3600}}
 
 
-def _layers_card(run: _Run) -> list[int] | str:
-    """The target layers the student started from, or the draft it started from."""
+def _layers_card(run: _Run) -> list[int] | None:
+    """The target layers the student started from (None: it started from a draft, `started_from`)."""
     if run.start is not None:
-        return f"those of --init-draft {run.options.train.init_draft} ({run.start.config.decoder_layers} layers)"
+        return None
     return list(run.options.train.layers or default_layers(run.pair.target))
 
 
@@ -501,6 +511,7 @@ def _card(run: _Run, result: TrainResult, evaluation: dict | None) -> dict:
                     "seconds": stats.seconds, "computed": stats.computed, "reused": stats.reused,
                     "failed": stats.failed},
         "training": {**asdict(options.train), "layers": _layers_card(run),
+                     "started_from": options.train.init_draft,
                      "steps": result.steps, "seconds": result.seconds, "resumed_at": result.resumed_at,
                      "first": _mean_log(result.history[:5]), "final": _mean_log(result.history[-5:])},
         "evaluation": evaluation,

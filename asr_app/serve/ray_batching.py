@@ -20,7 +20,7 @@ from ray import serve
 
 from asr_app.decoding.seeds import batch_options
 from asr_app.decoding.workspaces import keep_workspaces, workspace_stats
-from asr_app.scheduler import PRIORITY_NAMES, SchedulerOptions
+from asr_app.scheduler import PRIORITY_NAMES, SchedulerOptions, as_hint
 from asr_app.scheduler_metrics import RecentLatencies, SchedulerMetrics
 from asr_app.serve.ray_engine import publish_metrics
 
@@ -50,7 +50,7 @@ class ServeBatchedReplica:
         with self._lock:
             self._in_flight += 1
         try:
-            outcome = await self._batched((clip, options, prompt, hint))
+            outcome = await self._batched((clip, options, prompt, as_hint(hint)))   # [] is no hint, as the scheduler reads it
         finally:
             with self._lock:
                 self._in_flight -= 1

@@ -124,6 +124,7 @@ class MetricsBoard:
             _seen, _pid, gone = self._boards.pop(oldest)
             self._retired = merge_metrics({"a": (0.0, 0, self._retired), "b": (0.0, 0, gone)}, time.time())
             self._retired.latencies = {}
+            self._retired.samples = []   # a replica gone: its batches say nothing of the live ones
 
     def snapshot(self) -> dict[str, tuple[float, int, SchedulerMetrics]]:
         return {**self._boards, "retired": (0.0, 0, self._retired)}   # never fresh: no queue, no pid
@@ -137,7 +138,7 @@ SUMMED = ("batches", "rows", "failed", "busy_s", "audio_s", "drafted", "accepted
 def merge_metrics(boards: dict[str, tuple[float, int, SchedulerMetrics]], now: float) -> SchedulerMetrics:
     """The sum over replicas: totals from every replica that ever published; queues and what is held now
     (workspaces and their rows) from the live ones."""
-    total = SchedulerMetrics()
+    total = SchedulerMetrics(samples=[])   # a list: each replica's latest samples, all of them
     for seen, _pid, m in boards.values():
         if now - seen <= FRESH_S:
             total.queue_depth += m.queue_depth
