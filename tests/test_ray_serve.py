@@ -297,6 +297,29 @@ class SimpleResult:
         self.text, self.stats = text, SimpleNamespace(drafted=4, accepted=3)
 
 
+def test_a_replica_sends_the_board_its_latest_batch_samples_only(monkeypatch):
+    import threading
+    from types import SimpleNamespace
+
+    from asr_app.serve import ray_engine
+
+    sent, done = [], threading.Event()
+
+    def remote(name, pid, metrics):
+        sent.append(metrics)
+        done.set()
+        raise RuntimeError("the board is gone")   # the publisher stops: no thread left behind
+
+    monkeypatch.setattr(ray_engine, "PUBLISH_EVERY_S", 0.01)
+    live = SchedulerMetrics()
+    for k in range(100):
+        live.note_sample(_sample(1 + k))
+    ray_engine.publish_metrics(SimpleNamespace(publish=SimpleNamespace(remote=remote)), lambda: live)
+    assert done.wait(10)
+    first = sent[0]
+    assert [m.batch for m in first.samples] == list(range(37, 101)) and len(live.samples) == 100   # the live deque kept
+
+
 def test_the_board_keeps_the_totals_of_replicas_it_drops():
     from asr_app.serve.ray_engine import MetricsBoard
 

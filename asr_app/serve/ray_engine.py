@@ -187,6 +187,9 @@ class DecoderReplica:
 
 
 
+PUBLISHED_SAMPLES = 64   # batch samples a replica sends the board each time
+
+
 def publish_metrics(board: Any, figures: Callable[[], SchedulerMetrics]) -> None:
     """Send this replica's `figures()` to the board every PUBLISH_EVERY_S, from a daemon thread (it ends with
     the replica's process, or when the board is gone)."""
@@ -196,7 +199,8 @@ def publish_metrics(board: Any, figures: Callable[[], SchedulerMetrics]) -> None
         while True:
             time.sleep(PUBLISH_EVERY_S)
             try:
-                board.publish.remote(name, pid, figures())
+                now = figures()   # the latest batches' samples only: the board is sent these every second
+                board.publish.remote(name, pid, dataclasses.replace(now, samples=list(now.samples)[-PUBLISHED_SAMPLES:]))
             except Exception:  # noqa: BLE001 - the board is gone (shutting down): stop publishing
                 return
 
