@@ -10,12 +10,14 @@
 #   bash bench/gpu_check.sh serve     # serve_bench: up to 64 live streams and 64 API requests (needs /tmp/models
 #                                     # and the serving wheels: FastAPI, uvicorn, websockets, openai)
 #   bash bench/gpu_check.sh serve_engines  # the same streams through the one-lock engine and fixed-length prompts
+#   bash bench/gpu_check.sh prompt    # 32 streams, the scheduler beside fixed-length live prompts (rows that can
+#                                     # batch), one server run each; the batch samples say what a served batch cost
 #   bash bench/gpu_check.sh layers    # api_layers: 64 requests through decoder, transcribe, scheduler and HTTP in turn
 #   bash bench/gpu_check.sh gil       # gil_probe: a decode beside a thread spinning in Python, switch interval 0.1-5 ms;
 #                                     # then serve_bench at N = 32 and 64 API requests, interval 5 then 0.5 ms
 #   bash bench/gpu_check.sh stream    # stream_bench: one stream's latency and WER, off / exact, on 4 test clips
 #   bash bench/gpu_check.sh eval      # asr-eval Table 1 (baseline / exact / sigmoid, T = 1) on the test clips
-#   bash bench/gpu_check.sh all       # all eleven, in that order
+#   bash bench/gpu_check.sh all       # all twelve, in that order
 #   bash bench/gpu_check.sh tests large tiny    # several stages in one call
 #
 # Measured on an H200 (2026-11-26): tests 160 s, large 80 s, tiny 52 s, batch 133 s, profile 38 s, so
@@ -118,6 +120,12 @@ run_serve_engines() {  # beside it: the old one-lock engine, and live prompts cu
         --engines scheduler+context+prompt --api-requests 0 --out "$RESULTS/serve_bench_prompt.json"
 }
 
+run_prompt() {  # whether live rows batch on a GPU once their prompts share a length, and what those batches cost
+    serve_clips prompt || return
+    stage prompt 240 python3 bench/serve_bench.py "${SERVE_ARGS[@]}" --streams 1,32 \
+        --engines scheduler,scheduler+context+prompt --api-requests 0 --out "$RESULTS/serve_bench_prompt32.json"
+}
+
 run_layers() {  # where a served request's time goes, and where batching's gain is lost (bench/api_layers.py)
     serve_clips layers || return
     stage layers 300 python3 bench/api_layers.py --models "$MODELS" --audio tests/data/audio --cycle-clips \
@@ -163,13 +171,14 @@ for what in "${@:-all}"; do
         batch) run_batch ;;
         serve) run_serve ;;
         serve_engines) run_serve_engines ;;
+        prompt) run_prompt ;;
         layers) run_layers ;;
         gil) run_gil ;;
         stream) run_stream ;;
         eval) run_eval ;;
-        all) run_tests; run_large; run_profile; run_tiny; run_batch; run_serve; run_serve_engines; run_layers; run_gil; run_stream
+        all) run_tests; run_large; run_profile; run_tiny; run_batch; run_serve; run_serve_engines; run_prompt; run_layers; run_gil; run_stream
              run_eval ;;
-        *) echo "usage: bash bench/gpu_check.sh [tests|large|profile|tiny|batch|serve|serve_engines|layers|gil|stream|eval|all]..." >&2
+        *) echo "usage: bash bench/gpu_check.sh [tests|large|profile|tiny|batch|serve|serve_engines|prompt|layers|gil|stream|eval|all]..." >&2
            exit 2 ;;
     esac
 done
