@@ -34,11 +34,12 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from asr_app.batch_sizer import BatchSizer
+from asr_app.decoding.hints import as_hint
 from asr_app.decoding.options import SPECULATIVE_MODES, DecodingOptions, DecodingResult, DecodingStats
 from asr_app.decoding.seeds import batch_options
 from asr_app.decoding.workspaces import keep_workspaces, workspace_stats
@@ -74,6 +75,14 @@ class SchedulerOptions:
     gather_s: float | None = 0.05   # longest a batch of file rows waits for more that are arriving (None: never)
 
 
+class _Choice(NamedTuple):
+    """What a batch's size was chosen from: its cost class, the rows ready, the sizer's costs per size."""
+
+    kind: str
+    ready: int
+    costs: dict[int, float]
+
+
 @dataclass(eq=False)   # compared by identity: a request holds arrays
 class _Request:
     clip: np.ndarray
@@ -99,7 +108,6 @@ class Scheduler:
         # room for every batch size it forms, with drafts and without: none is recaptured in turn
         keep_workspaces(decoder, 2 * len(BatchSizer(self._max_rows).sizes))
         self._sizers: dict[str, BatchSizer] = {}   # cost class -> its sizer
-        self._choice: tuple[str, int, dict[int, float]] = ("", 0, {})   # the worker's latest: kind, ready, costs
         self._queue: list[_Request] = []
         self._cond = threading.Condition()
         self._order = itertools.count()
@@ -234,6 +242,7 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             batch: list[_Request] = []
+            choice = _Choice("", 0, {})
             try:
                 with self._cond:
                     idle = self.options.idle_trim_s if self._untrimmed else None
@@ -246,12 +255,12 @@ class Scheduler:
                         self._drop_cancelled()
                         if not self._queue or self._held or self._closed:   # changed while it waited
                             continue
-                        batch = self._take_batch()
+                        batch, choice = self._take_batch()
                         self._untrimmed = True
                 if not batch:
                     self._give_back_memory()
                     continue
-                self._decode(batch)
+                self._decode(batch, choice)
             except Exception as exc:  # noqa: BLE001 - the worker must outlive any one batch
                 log.exception("scheduler: a batch failed outside the decoder")
                 for request in batch:
@@ -320,15 +329,15 @@ class Scheduler:
             sessions.add(request.session)
         return compatible
 
-    def _take_batch(self) -> list[_Request]:
-        """Called under the lock: the next batch, removed from the queue (see the module doc)."""
+    def _take_batch(self) -> tuple[list[_Request], _Choice]:
+        """Called under the lock: the next batch, removed from the queue (see the module doc), and what its size
+        was chosen from."""
         compatible = self._candidates()
         head = compatible[0]
         kind = cost_class(head)
         sizer = self.sizer(kind)
         batch = compatible[: sizer.choose(len(compatible))]
         self._metrics.note_choice(kind, len(compatible), len(batch), 2 * self._max_rows)
-        self._choice = (kind, len(compatible), sizer.snapshot())   # for this batch's sample (_decode)
         for request in batch:
             self._queue.remove(request)
             self._served[request.session] = self._round
@@ -336,9 +345,9 @@ class Scheduler:
         if len(self._served) > 4 * self.options.max_queue:   # forget sessions long gone (bounded memory)
             live = {r.session for r in self._queue}
             self._served = {s: k for s, k in self._served.items() if s in live}
-        return batch
+        return batch, _Choice(kind, len(compatible), sizer.snapshot())
 
-    def _decode(self, batch: list[_Request]) -> None:
+    def _decode(self, batch: list[_Request], choice: _Choice) -> None:
         batch = [r for r in batch if r.future.set_running_or_notify_cancel()]
         if not batch:
             return
@@ -353,11 +362,12 @@ class Scheduler:
         one_time_s = _one_time_s(outcomes) if before is None or after.dropped == before.dropped else 0.0
         with self._cond:   # metrics() copies the sizers' costs under this lock
             self._metrics.note_workspaces(after)
-            if together:   # a batch redone row by row after a failure says nothing of what a batch costs
-                self.sizer(cost_class(batch[0])).record(len(batch), max(0.0, elapsed - one_time_s),
-                                                        *_loop_figures(outcomes))
+            # a batch redone row by row after a failure says nothing of what a batch costs
+            loop_s, steps = _loop_figures(outcomes) if together else (None, None)
+            if together:
+                self.sizer(cost_class(batch[0])).record(len(batch), max(0.0, elapsed - one_time_s), loop_s, steps)
             self._metrics.count_batch([r.clip for r in batch], outcomes, elapsed)
-            self._metrics.note_sample(self._sample(batch, outcomes, together, elapsed, cpu_s, one_time_s))
+            self._metrics.note_sample(self._sample(batch, outcomes, choice, elapsed, cpu_s, one_time_s, loop_s))
             for request in batch:
                 self._latencies.record(PRIORITY_NAMES[request.priority], now - request.submitted)
         for request, outcome in zip(batch, outcomes):
@@ -366,15 +376,13 @@ class Scheduler:
             else:
                 request.future.set_result(outcome)
 
-    def _sample(self, batch: list[_Request], outcomes: list, together: bool, elapsed: float, cpu_s: float,
-                one_time_s: float) -> BatchSample:
+    def _sample(self, batch: list[_Request], outcomes: list, choice: _Choice, elapsed: float, cpu_s: float,
+                one_time_s: float, loop_s: float | None) -> BatchSample:
         """Called under the lock, after `count_batch`: the batch's sample (SchedulerMetrics.samples)."""
-        kind, ready, costs = self._choice
         decode_s, encoder_s, calls = _sample_figures(outcomes)
-        loop_s = _loop_figures(outcomes)[0] if together else None
-        return BatchSample(batch=self._metrics.batches, kind=kind, ready=ready, rows=len(batch), costs=costs,
-                           wall_s=elapsed, cpu_s=cpu_s, one_time_s=one_time_s, decode_s=decode_s,
-                           encoder_s=encoder_s, loop_s=loop_s, target_calls=calls)
+        return BatchSample(batch=self._metrics.batches, kind=choice.kind, ready=choice.ready, rows=len(batch),
+                           costs=choice.costs, wall_s=elapsed, cpu_s=cpu_s, one_time_s=one_time_s,
+                           decode_s=decode_s, encoder_s=encoder_s, loop_s=loop_s, target_calls=calls)
 
     def _outcomes(self, batch: list[_Request]) -> tuple[list[DecodingResult | BaseException], bool]:
         """Results of the batch in one decode; if it fails, row by row, so a bad row fails alone. The flag:
@@ -394,12 +402,6 @@ class Scheduler:
             except Exception as exc:  # noqa: BLE001
                 outcomes.append(exc)
         return outcomes, False
-
-
-def as_hint(hint: Sequence[int] | None) -> Sequence[int] | None:
-    """An empty hint is none (the decoder reads it so): counted as one, it would batch with hinted rows and turn
-    their hints off, since lock-step hint steps need a proposal on every row."""
-    return hint if hint is not None and len(hint) else None
 
 
 def cost_class(request: _Request) -> str:

@@ -450,7 +450,7 @@ class StreamingProcessor:
             # with the same prompt, that decode (timestamps included) is most likely this one's prefix.
             tokens, start, previous_prompt = self._previous
             if start == self._buffer_start and previous_prompt == prompt:
-                hint = tokens or None   # a decode that wrote nothing proposes nothing
+                hint = tokens
         result = self.decoder.decode([self._buffer], self.decoding, prompts=[prompt], hints=[hint])[0]
         self._previous = (list(result.tokens), self._buffer_start, prompt)
         if prompt is not None and self._silent(result):

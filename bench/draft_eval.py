@@ -93,13 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     from asr_app.distill.data import ClipReader, inventory
     from asr_app.distill.evaluate import decoder_figures, in_decoder
     from asr_app.distill.options import EvalOptions
-    from asr_app.distill.pipeline import load_baseline
+    from asr_app.distill.pipeline import load_draft
     from asr_app.models.loading import load_pair
 
     torch.set_num_threads(args.threads)
     began = time.perf_counter()
     pair = load_pair(target=args.target, draft=None, device="cpu")
-    drafts = {spec: load_baseline(spec, pair) for spec in args.draft}   # each checked before any decode
+    drafts = {spec: load_draft(spec, pair) for spec in args.draft}   # each checked before any decode
     clips = inventory(args.audio, role="held-out").clips[: args.max_clips]
     read = ClipReader()
     audio = [read(c) for c in clips]
@@ -107,16 +107,17 @@ def main(argv: list[str] | None = None) -> int:
     runs = {}
     for dtype in args.encoder_matmul_dtype:
         for how in args.languages:
+            setting = how if dtype == "same" else f"{how}, {dtype} encoder"
+            options = EvalOptions(gammas=args.gammas, language=how, task=args.task)
             for spec, draft in drafts.items():
-                key = how if dtype == "same" else f"{how}, {dtype} encoder"
-                key = f"{spec}: {key}" if len(drafts) > 1 else key
-                options = EvalOptions(gammas=args.gammas, language=how, task=args.task)
+                key = f"{spec}: {setting}" if len(drafts) > 1 else setting
                 found = in_decoder(pair, draft, audio, names, options, args.max_new_tokens,
                                    RuntimeOptions(encoder_matmul_dtype=dtype),
                                    languages=[c.folder_language for c in clips], draft_name=spec)
                 runs[key] = decoder_figures(found)
                 print(f"{key}: exact/off {found.speedup:.2f}x, identical {found.identical}/{found.clips}", flush=True)
-    result = {"target": args.target, "draft": ", ".join(args.draft), "drafts": list(args.draft), "task": args.task, "clips": len(clips), "threads": args.threads,
+    result = {"target": args.target, "draft": ", ".join(args.draft), "drafts": list(args.draft), "task": args.task,
+              "clips": len(clips), "threads": args.threads,
               "minutes": sum(c.seconds for c in clips) / 60, "cpu": describe_cpu(cpu_facts(args.threads)),
               "runs": runs, "seconds": round(time.perf_counter() - began, 1)}
     save_results(args.out or result_path(args.name), result, table(result))

@@ -187,9 +187,9 @@ def test_held_out_clips_decode_in_their_folders_language_when_asked(base_pair):
     per-language figures group by folder either way."""
     from asr_app.distill.evaluate import in_decoder
     from asr_app.distill.options import EvalOptions
-    from asr_app.distill.pipeline import load_baseline
+    from asr_app.distill.pipeline import load_draft
 
-    draft = load_baseline("bundled", base_pair)
+    draft = load_draft("bundled", base_pair)
     clips = [load_audio(ESPEAK / f"{lang}.flac") for lang in ("es", "de")]
     decoded = {}
     for how in ("detect", "given"):

@@ -36,7 +36,7 @@ from asr_app.decoding.gamma import (
     StepCosts,
 )
 from asr_app.decoding.hf_mode import decode_hf
-from asr_app.decoding.hints import HintTracker
+from asr_app.decoding.hints import HintTracker, as_hint
 from asr_app.decoding.loop import MAX_CAPTURED_PROPOSALS, BatchState, SpeculativeLoop
 from asr_app.decoding.options import (
     SPECULATIVE_MODES,
@@ -241,13 +241,13 @@ class SpeculativeDecoder:
         return result
 
     def _checked_hint(self, hint, index: int) -> list[int] | None:
-        if hint is None:
+        if as_hint(hint) is None:
             return None
         tokens = [int(t) for t in hint]
         bad = [t for t in tokens if not 0 <= t < self.vocab]
         if bad:
             raise ValueError(f"hint {index}: token ids must lie in [0, {self.vocab}), got {bad[:5]}")
-        return tokens or None
+        return tokens
 
     def _decode_hf(self, feats, prompt: Prompt, opts, window) -> DecodingResult:
         tokens, stats = decode_hf(self.target, self.draft, feats, prompt, opts,

@@ -14,6 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def as_hint(hint: Sequence[int] | None) -> Sequence[int] | None:
+    """The hint a decoder works with: an empty one is none. (A front end that counted `[]` as a hint batched it
+    with hinted rows, and lock-step hint steps, which need a proposal on every row, were then turned off.)"""
+    return hint if hint is not None and len(hint) else None
+
+
 class HintTracker:
     """Per row: the hint, and the hint index that should match the row's next output token (None: lost)."""
 

@@ -321,7 +321,7 @@ def distill(options: DistillOptions, report: Reporter | None = None, command: st
     if options.resume:
         _check_resumable(file, identity)
     spec = options.evaluation.baseline_draft
-    baseline = load_baseline(spec, pair) if spec else None
+    baseline = load_draft(spec, pair) if spec else None
     options.out.mkdir(parents=True, exist_ok=True)
     file.write(identity, TEACHER_STAGE)
     cache = TeacherCache(options.cache or default_cache_root(), identity["target"], options.teacher.cache_key(),
@@ -432,7 +432,7 @@ def _eval_language(run: _Run) -> str:
     return run.options.evaluation.language
 
 
-def load_baseline(spec: str, pair: ModelPair, flag: str = "--baseline-draft") -> WhisperForCausalLM:
+def load_draft(spec: str, pair: ModelPair, flag: str = "--baseline-draft") -> WhisperForCausalLM:
     """Another draft to measure beside the new one (or to start from: `flag`): "bundled" (the draft the package
     ships for this target) or a folder. It must fit the target as any --draft must, checked here, before the
     teacher pass: not found out after the training, at its evaluation."""
@@ -458,17 +458,18 @@ def _start_draft(options: DistillOptions, pair: ModelPair) -> WhisperForCausalLM
     spec = options.train.init_draft
     if spec is None:
         return None
-    draft = load_baseline(spec, pair, "--init-draft")
+    draft = load_draft(spec, pair, "--init-draft")
     vocab, eos = pair.target.config.vocab_size, eos_token(pair.target.generation_config)
     try:
         check_start(pair.target, draft, f"--init-draft {spec}")
         ranking = draft_ranking(draft)
-        if ranking is not None:
-            draft_vocabulary(pair.processor.tokenizer, vocab, eos, len(ranking) + vocab - eos, ranking)
+        if ranking is None:
+            return draft
+        size = len(ranking) + vocab - eos   # its text tokens and the target's special ones
+        draft_vocabulary(pair.processor.tokenizer, vocab, eos, size, ranking)   # raises for ids it cannot hold
     except ValueError as exc:
         raise DistillError(f"--init-draft {spec}: {exc}") from exc
-    if ranking is not None and options.train.draft_vocab != len(ranking) + vocab - eos:
-        size = len(ranking) + vocab - eos
+    if options.train.draft_vocab != size:
         raise DistillError(f"--init-draft {spec} was trained with a head of {size} tokens, which it keeps: give "
                            f"--draft-vocab {size} (not {options.train.draft_vocab or 0})")
     return draft

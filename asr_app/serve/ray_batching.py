@@ -18,9 +18,10 @@ from typing import Any
 
 from ray import serve
 
+from asr_app.decoding.hints import as_hint
 from asr_app.decoding.seeds import batch_options
 from asr_app.decoding.workspaces import keep_workspaces, workspace_stats
-from asr_app.scheduler import PRIORITY_NAMES, SchedulerOptions, as_hint
+from asr_app.scheduler import PRIORITY_NAMES, SchedulerOptions
 from asr_app.scheduler_metrics import RecentLatencies, SchedulerMetrics
 from asr_app.serve.ray_engine import publish_metrics
 
