@@ -284,10 +284,15 @@ def run(url: str, proc: subprocess.Popen, tmp: Path, args) -> dict:
         peak = {k: max(peak[k], now[k]) for k in now}
         timeline.append({"t_s": round(time.monotonic() - started, 1), "rss_mb": now["VmRSS"] / 1024,
                          "threads": now["Threads"]})
-    time.sleep(args.idle_s)    # sessions left without a stop finish their last decode; idle workers exit
+    # Idle: sessions left without a stop finish their last decode, idle workers exit, the scheduler trims.
+    # Sampled every 5 s too, so the timeline shows when memory went back.
+    idle_until = time.monotonic() + args.idle_s
+    while (left := idle_until - time.monotonic()) > 0:
+        time.sleep(min(5.0, left))
+        after = proc_status(proc.pid)
+        timeline.append({"t_s": round(time.monotonic() - started, 1), "rss_mb": after["VmRSS"] / 1024,
+                         "threads": after["Threads"]})
     after = proc_status(proc.pid)
-    timeline.append({"t_s": round(time.monotonic() - started, 1), "rss_mb": after["VmRSS"] / 1024,
-                     "threads": after["Threads"]})
     health = json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())
     m = metrics(url)
     leftover = sorted(p.name for p in tmp.iterdir() if p.name.startswith("asr_serve_"))
