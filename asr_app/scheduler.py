@@ -71,16 +71,8 @@ class SchedulerOptions:
     sizer_memory: float = 0.2       # weight of a new measurement in a size's running cost
     sizer_retry_after: int = 64     # batches after which a size judged dearer is measured once more
     latency_window: int = 2048      # recent request latencies kept for the metrics
-    # idle this long after work (seconds, each): freed memory goes back to the system. The first returns the
-    # batches' working set; the later ones what is freed after it: uploads finishing, and the live-session
-    # workers, which leave a minute after their last audio (sessions.WORKER_IDLE_EXIT_S). (): never
-    idle_trims_s: tuple[float, ...] = (2.0, 15.0, 70.0, 300.0)
+    idle_trim_s: float | None = 2.0  # idle this long after work: freed memory goes back to the system (None: never)
     gather_s: float | None = 0.05   # longest a batch of file rows waits for more that are arriving (None: never)
-
-    def __post_init__(self) -> None:
-        trims = self.idle_trims_s
-        if any(t <= 0 for t in trims) or any(b <= a for a, b in zip(trims, trims[1:])):
-            raise ValueError(f"idle_trims_s must be positive and increasing, got {trims}")
 
 
 class _Choice(NamedTuple):
@@ -124,7 +116,7 @@ class Scheduler:
         self._held = 0
         self._closed = False
         self._metrics = SchedulerMetrics()
-        self._idle_trims = len(options.idle_trims_s)   # trims made since the last batch (all: none due)
+        self._untrimmed = False   # work was done since memory was last given back
         self._file_arrivals: deque[tuple[float, str, Future]] = deque(maxlen=2)   # the last two file requests
         self._latencies = RecentLatencies(options.latency_window, PRIORITY_NAMES.values())
         self._worker = threading.Thread(target=self._run, name="asr-scheduler", daemon=True)
@@ -253,9 +245,9 @@ class Scheduler:
             choice = _Choice("", 0, {})
             try:
                 with self._cond:
-                    if not self._cond.wait_for(lambda: self._closed or (self._queue and not self._held),
-                                               self._until_next_trim()):
-                        self._idle_trims += 1   # idle that long since the last batch: trim, outside the lock
+                    idle = self.options.idle_trim_s if self._untrimmed else None
+                    if not self._cond.wait_for(lambda: self._closed or (self._queue and not self._held), idle):
+                        self._untrimmed = False   # idle since the last batch: trim once, outside the lock
                     elif self._closed:
                         return
                     else:
@@ -264,7 +256,7 @@ class Scheduler:
                         if not self._queue or self._held or self._closed:   # changed while it waited
                             continue
                         batch, choice = self._take_batch()
-                        self._idle_trims = 0
+                        self._untrimmed = True
                 if not batch:
                     self._give_back_memory()
                     continue
@@ -275,14 +267,9 @@ class Scheduler:
                     if not request.future.done():
                         request.future.set_exception(exc)
 
-    def _until_next_trim(self) -> float | None:
-        """Seconds from now (the worker's wait starts after a batch or a trim) to the next idle trim; None: none due."""
-        trims, done = self.options.idle_trims_s, self._idle_trims
-        return None if done >= len(trims) else trims[done] - (trims[done - 1] if done else 0.0)
-
     def _give_back_memory(self) -> None:
         """The resident size would otherwise stay at the largest batch's working set (glibc keeps freed
-        memory); only after `idle_trims_s` without work, so a busy server never pays for it."""
+        memory); only after `idle_trim_s` without work, so a busy server never pays for it."""
         from asr_app.runtime.allocator import release_freed_memory
         if release_freed_memory():
             with self._cond:

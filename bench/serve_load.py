@@ -287,12 +287,14 @@ def run(url: str, proc: subprocess.Popen, tmp: Path, args) -> dict:
     # Idle: sessions left without a stop finish their last decode, idle workers exit, the scheduler trims.
     # Sampled every 5 s too, so the timeline shows when memory went back.
     idle_until = time.monotonic() + args.idle_s
-    while (left := idle_until - time.monotonic()) > 0:
-        time.sleep(min(5.0, left))
+    while True:
+        time.sleep(max(0.0, min(5.0, idle_until - time.monotonic())))
         after = proc_status(proc.pid)
+        peak = {k: max(peak[k], after[k]) for k in after}
         timeline.append({"t_s": round(time.monotonic() - started, 1), "rss_mb": after["VmRSS"] / 1024,
                          "threads": after["Threads"]})
-    after = proc_status(proc.pid)
+        if time.monotonic() >= idle_until:
+            break
     health = json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())
     m = metrics(url)
     leftover = sorted(p.name for p in tmp.iterdir() if p.name.startswith("asr_serve_"))
@@ -306,6 +308,7 @@ def run(url: str, proc: subprocess.Popen, tmp: Path, args) -> dict:
             "thread_names_before": names_before, "thread_names_after": thread_names(proc.pid),
             "server_args": args.server_arg, "idle_s": args.idle_s,
             "batches_by_rows": {k: v for k, v in m.items() if k.startswith("asr_batches_by_rows")},
+            "memory_trims": m.get("asr_memory_trims_total", 0.0),
             "problems": load.problems}
 
 

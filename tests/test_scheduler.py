@@ -340,7 +340,7 @@ def test_freed_memory_goes_back_once_per_idle_spell_and_never_while_busy(monkeyp
 
     trims = []
     monkeypatch.setattr(allocator, "release_freed_memory", lambda: trims.append(time.monotonic()) or True)
-    scheduler = Scheduler(Instant(), SchedulerOptions(idle_trims_s=(0.5,)))
+    scheduler = Scheduler(Instant(), SchedulerOptions(idle_trim_s=0.5))
     try:
         time.sleep(0.7)
         assert trims == []                     # nothing was decoded yet: nothing to give back
@@ -355,33 +355,6 @@ def test_freed_memory_goes_back_once_per_idle_spell_and_never_while_busy(monkeyp
         assert len(trims) == 2 and scheduler.metrics().trims == 2
     finally:
         scheduler.close()
-
-
-def test_idle_trims_follow_their_schedule_and_restart_after_work(monkeypatch):
-    """Memory freed after the first trim (a live-session worker leaving a minute after its last audio) goes
-    back at the later idle marks; none after the last, and a batch starts the schedule again."""
-    import asr_app.runtime.allocator as allocator
-
-    trims = []
-    monkeypatch.setattr(allocator, "release_freed_memory", lambda: trims.append(time.monotonic()) or True)
-    scheduler = Scheduler(Instant(), SchedulerOptions(idle_trims_s=(0.2, 0.6, 1.2)))
-    try:
-        scheduler.submit(np.zeros(1600, np.float32), DecodingOptions(mode="off")).result(5)
-        done = time.monotonic()
-        time.sleep(1.8)
-        assert len(trims) == 3                 # at about 0.2, 0.6 and 1.2 s idle; none after the last
-        assert [round(t - done, 1) for t in trims] == pytest.approx([0.2, 0.6, 1.2], abs=0.15)
-        scheduler.submit(np.zeros(1600, np.float32), DecodingOptions(mode="off")).result(5)
-        time.sleep(0.4)
-        assert len(trims) == 4 and scheduler.metrics().trims == 4
-    finally:
-        scheduler.close()
-
-
-@pytest.mark.parametrize("schedule", [(0.0,), (2.0, 2.0), (8.0, 2.0), (-1.0,)])
-def test_an_idle_trim_schedule_must_rise(schedule):
-    with pytest.raises(ValueError, match="idle_trims_s"):
-        SchedulerOptions(idle_trims_s=schedule)
 
 
 class Scripted(Instant):
