@@ -309,6 +309,8 @@ def run(url: str, proc: subprocess.Popen, tmp: Path, args) -> dict:
             "server_args": args.server_arg, "idle_s": args.idle_s,
             "batches_by_rows": {k: v for k, v in m.items() if k.startswith("asr_batches_by_rows")},
             "memory_trims": m.get("asr_memory_trims_total", 0.0),
+            # the server inherits this run's environment: oneDNN's kernel cache bound, when set (docs/serving.md)
+            "onednn_primitive_cache_capacity": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"),
             "problems": load.problems}
 
 
