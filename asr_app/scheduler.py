@@ -362,9 +362,9 @@ class Scheduler:
         one_time_s = _one_time_s(outcomes) if before is None or after.dropped == before.dropped else 0.0
         with self._cond:   # metrics() copies the sizers' costs under this lock
             self._metrics.note_workspaces(after)
-            # a batch redone row by row after a failure says nothing of what a batch costs
-            loop_s, steps = _loop_figures(outcomes) if together else (None, None)
+            loop_s = None   # a batch redone row by row after a failure says nothing of what a batch costs
             if together:
+                loop_s, steps = _loop_figures(outcomes)
                 self.sizer(cost_class(batch[0])).record(len(batch), max(0.0, elapsed - one_time_s), loop_s, steps)
             self._metrics.count_batch([r.clip for r in batch], outcomes, elapsed)
             self._metrics.note_sample(self._sample(batch, outcomes, choice, elapsed, cpu_s, one_time_s, loop_s))

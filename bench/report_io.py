@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import re
 import shlex
@@ -22,6 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 VERSIONED = ("torch", "transformers", "numpy", "triton", "ctranslate2", "faster-whisper")
+# Settings read from the environment that change a run's speed or memory (docs/serving.md, "Load and faults"):
+# recorded when set, so a result says which it ran with (a server a bench starts inherits them)
+RECORDED_ENVIRONMENT = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "MALLOC_ARENA_MAX")
 
 
 def device_name(device: str = "cpu") -> str:
@@ -73,7 +77,7 @@ def _commit() -> str | None:
 
 
 def provenance(device: str = "cpu") -> dict:
-    """Where a result came from: device, UTC time, command line, commit and versions."""
+    """Where a result came from: device, UTC time, command line, commit, versions and environment settings."""
     versions = {"python": platform.python_version()}
     for package in VERSIONED:
         try:
@@ -83,7 +87,8 @@ def provenance(device: str = "cpu") -> dict:
     return {"device": device_name(device), "device_kind": "cuda" if str(device).startswith("cuda") else "cpu",
             "utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": shlex.join(["python", *sys.argv]), "commit": _commit(), "versions": versions,
-            "platform": platform.platform()}
+            "platform": platform.platform(),
+            "environment": {name: os.environ[name] for name in RECORDED_ENVIRONMENT if name in os.environ}}
 
 
 def save_results(out: Path, data: dict, table: str, device: str = "cpu") -> None:

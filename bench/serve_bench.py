@@ -490,7 +490,6 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     report = {"command": " ".join(["python", "bench/serve_bench.py", *(argv or sys.argv[1:])]),
               "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "cpu": _cpu(),
               "encoder_matmul_dtype": args.encoder_matmul_dtype, "switch_interval_ms": 1000 * sys.getswitchinterval(),
-              "onednn_primitive_cache_capacity": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"),   # when set
               "device": device_name(args.device) if args.device.startswith("cuda") else "cpu"}
     out = Path(args.out) if args.out else result_path("serve_bench", args.device)
 

@@ -276,23 +276,25 @@ def run(url: str, proc: subprocess.Popen, tmp: Path, args) -> dict:
     names_before = thread_names(proc.pid)
     started = time.monotonic()
     timeline = [{"t_s": 0.0, "rss_mb": before["VmRSS"] / 1024, "threads": before["Threads"]}]
+
+    def sample() -> dict:   # the server's status now, into the timeline and the peak
+        now = proc_status(proc.pid)
+        peak.update({k: max(peak[k], now[k]) for k in now})
+        timeline.append({"t_s": round(time.monotonic() - started, 1), "rss_mb": now["VmRSS"] / 1024,
+                         "threads": now["Threads"]})
+        return now
+
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads):
         time.sleep(5)
-        now = proc_status(proc.pid)
-        peak = {k: max(peak[k], now[k]) for k in now}
-        timeline.append({"t_s": round(time.monotonic() - started, 1), "rss_mb": now["VmRSS"] / 1024,
-                         "threads": now["Threads"]})
+        sample()
     # Idle: sessions left without a stop finish their last decode, idle workers exit, the scheduler trims.
     # Sampled every 5 s too, so the timeline shows when memory went back.
     idle_until = time.monotonic() + args.idle_s
     while True:
         time.sleep(max(0.0, min(5.0, idle_until - time.monotonic())))
-        after = proc_status(proc.pid)
-        peak = {k: max(peak[k], after[k]) for k in after}
-        timeline.append({"t_s": round(time.monotonic() - started, 1), "rss_mb": after["VmRSS"] / 1024,
-                         "threads": after["Threads"]})
+        after = sample()
         if time.monotonic() >= idle_until:
             break
     health = json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())
@@ -309,8 +311,6 @@ def run(url: str, proc: subprocess.Popen, tmp: Path, args) -> dict:
             "server_args": args.server_arg, "idle_s": args.idle_s,
             "batches_by_rows": {k: v for k, v in m.items() if k.startswith("asr_batches_by_rows")},
             "memory_trims": m.get("asr_memory_trims_total", 0.0),
-            # the server inherits this run's environment: oneDNN's kernel cache bound, when set (docs/serving.md)
-            "onednn_primitive_cache_capacity": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"),
             "problems": load.problems}
 
 

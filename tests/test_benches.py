@@ -37,6 +37,18 @@ def import_bench(monkeypatch, script: str):
     return importlib.import_module(script.removesuffix(".py"))
 
 
+def test_a_result_records_the_environment_settings_it_ran_with(monkeypatch, tmp_path):
+    """A run with oneDNN's kernel cache bounded (docs/serving.md) says so in its `meta`; unset ones are left out."""
+    report_io = import_bench(monkeypatch, "report_io.py")
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    report_io.save_results(tmp_path / "r.json", {"x": 1}, "table")
+    assert json.loads((tmp_path / "r.json").read_text())["meta"]["environment"] == {
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+    assert report_io.provenance()["environment"] == {}
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="the fused rows need Triton (its interpreter on a CPU)")
 def test_runtime_bench_reports_loops_steps_and_projections(tmp_path):
     # Without --fused-layers: interpreting the fused kernels quadruples this run (41 s against 10 s here), and
