@@ -25,7 +25,8 @@ RESULTS = REPO / "bench" / "results"
 VERSIONED = ("torch", "transformers", "numpy", "triton", "ctranslate2", "faster-whisper")
 # Settings read from the environment that change a run's speed or memory (docs/serving.md, "Load and faults"):
 # recorded when set, so a result says which it ran with (a server a bench starts inherits them)
-RECORDED_ENVIRONMENT = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "MALLOC_ARENA_MAX")
+RECORDED_ENVIRONMENT = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY", "ONEDNN_MAX_CPU_ISA",
+                        "MALLOC_ARENA_MAX", "OMP_NUM_THREADS", "LD_PRELOAD")
 
 
 def device_name(device: str = "cpu") -> str:

@@ -40,12 +40,15 @@ def import_bench(monkeypatch, script: str):
 def test_a_result_records_the_environment_settings_it_ran_with(monkeypatch, tmp_path):
     """A run with oneDNN's kernel cache bounded (docs/serving.md) says so in its `meta`; unset ones are left out."""
     report_io = import_bench(monkeypatch, "report_io.py")
+    for name in report_io.RECORDED_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
-    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
     report_io.save_results(tmp_path / "r.json", {"x": 1}, "table")
     assert json.loads((tmp_path / "r.json").read_text())["meta"]["environment"] == {
-        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}
-    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "MALLOC_ARENA_MAX": "2"}
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "MALLOC_ARENA_MAX"):
+        monkeypatch.delenv(name)
     assert report_io.provenance()["environment"] == {}
 
 
