@@ -225,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         proc.wait(30)
     log = (tmp / "server.log").read_text()
     report["server_tracebacks"] = log.count("Traceback")
+    # what the server itself set (asr_app/kernel_cache.py): the bench's own environment does not show it
+    report["cpu_kernel_cache"] = next((line.split("CPU kernel cache ", 1)[1].split(";")[0]
+                                       for line in log.splitlines() if "CPU kernel cache " in line), None)
     report["command"] = "python bench/serve_load.py " + " ".join(argv or sys.argv[1:])
     from report_io import result_path, save_results
     out = result_path(args.name)
@@ -252,6 +255,7 @@ def load_table(report: dict) -> str:
             ("RSS after warm-up / end / peak, MB (ask: growth <= 100)",
              f"{report['rss_before_mb']:.0f} / {report['rss_after_mb']:.0f} / {report['rss_peak_mb']:.0f}"),
             ("tracebacks in the server log", str(report["server_tracebacks"])),
+            ("the server's CPU kernel cache", str(report.get("cpu_kernel_cache"))),
             ("requests whose text was not right", str(len(report["problems"]) - sum(failures.values())))]
     return "| check | result |\n|---|---|\n" + "\n".join(f"| {a} | {b} |" for a, b in rows)
 

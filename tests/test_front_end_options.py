@@ -30,7 +30,7 @@ import soundfile as sf
 import torch
 from conftest import REPO_ROOT
 
-from asr_app import ports
+from asr_app import kernel_cache, ports
 from asr_app.cli import stream as stream_cli
 from asr_app.cli import transcribe as transcribe_cli
 from asr_app.decoding.options import Segment, Word
@@ -112,6 +112,7 @@ PROBES: dict[str, dict[str, list[str]]] = {
         "temperature": ["H:--temperature 0.4", "H:--temperature 0,0.5,1"],
         "alpha": ["H:--alpha -10"],  # the web app offers sigmoid beside the other modes
         "beta": ["H:--beta 10"],
+        "cpu_kernel_cache": ["H:--cpu-kernel-cache 128", "R:--cpu-kernel-cache 0"],
         },
     # asr-serve: "--engine ray" runs the Ray Serve path with Ray faked (what it would deploy is recorded, the
     # bodies of its deployments are built here); a port below 1024 cannot be bound (the fake port_problem)
@@ -147,6 +148,7 @@ PROBES: dict[str, dict[str, list[str]]] = {
         "live_encoder_context": ["H:--live-encoder-context 4", "H:--live-encoder-context 0",
                                  "H:--engine ray --live-encoder-context 4 | --engine ray",
                                  "R:--live-encoder-context 40", "R:--live-encoder-context -1"],
+        "cpu_kernel_cache": ["H:--cpu-kernel-cache 128", "R:--cpu-kernel-cache 0"],
         "no_ui": ["H:--no-ui", "H:--engine ray --no-ui | --engine ray"],
         "no_warm_up": ["H:--no-warm-up", "R:--engine ray --no-warm-up"],
         "engine": ["H:--engine ray"],
@@ -297,6 +299,14 @@ def recorder(monkeypatch):
 
     rec = Recorder()
     monkeypatch.setattr("asr_app.arguments.check_reachable", lambda spec: None)
+
+    def bound_in_a_copy(entries):   # the services' kernel-cache bound, set in a copy: this process and
+        described = kernel_cache.bound_kernel_cache(entries, environ={})   # later runs see no trace of it
+        rec.put("kernel_cache", described)
+        return described
+
+    monkeypatch.setattr(ui_app, "bound_kernel_cache", bound_in_a_copy)
+    monkeypatch.setattr(serve_cli, "bound_kernel_cache", bound_in_a_copy)
     monkeypatch.setattr(asr_app.models.loading, "load_pair", lambda **kw: _fake_pair(rec, **kw))
     monkeypatch.setattr(asr_app.decoding.engine, "SpeculativeDecoder",
                         lambda pair, options, runtime=None: FakeDecoder(pair, options, runtime, rec))

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from asr_app.arguments import add_model_args, check_args_or_report, load_decoder_or_report
+from asr_app.kernel_cache import add_kernel_cache_arg, bound_kernel_cache, kernel_cache_problem
 from asr_app.limits import ServiceLimits
 
 
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="live re-decodes run the encoder over their buffer plus S seconds instead of a 30 s "
                              "window (less work per re-decode on a CPU; a decode that loops is redone over the "
                              "whole window; docs/serving.md). Default: the whole window")
+    add_kernel_cache_arg(parser)
     parser.add_argument("--no-ui", action="store_true", help="serve the API only, without the web app at /")
     parser.add_argument("--no-warm-up", action="store_true",
                         help="on a GPU, skip decoding the bundled sample at every batch size before serving (the "
@@ -127,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ray_options = ray_options_from_args(args)
         if args.live_encoder_context is not None and not 0 <= args.live_encoder_context <= 30:
             raise ValueError(f"--live-encoder-context must lie in [0, 30] seconds, got {args.live_encoder_context}")
+        if (problem := kernel_cache_problem(args.cpu_kernel_cache)) is not None:
+            raise ValueError(problem)
     except ValueError as exc:
         print(f"asr-serve: error: {exc}", file=sys.stderr)
         return 2
@@ -137,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     schedule = tuple(args.temperature) if len(args.temperature) > 1 else ()
     access = AccessSettings(api_key=args.api_key, cors_origins=tuple(args.cors_origin))
+    kernel_cache = bound_kernel_cache(args.cpu_kernel_cache)   # before any kernel: the models load next
     if ray_options is not None:
         return serve_on_ray(args, ray_options, {"limits": limits, "access": access, "schedule": schedule,
                                                 "live_encoder_context_s": args.live_encoder_context,
@@ -154,7 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_warm_up:
         warm_up(engine)
     app = build_app(engine, access, mount_ui=not args.no_ui)
-    print(f"models loaded: {engine.describe()}; serving on http://{args.host}:{args.port}", flush=True)
+    cache = f"; CPU kernel cache {kernel_cache}" if decoder.pair.device.type == "cpu" else ""
+    print(f"models loaded: {engine.describe()}{cache}; serving on http://{args.host}:{args.port}", flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10)
     finally:

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from asr_app.kernel_cache import VARIABLES
 from asr_app.serve.ray_engine import (
     APP_NAME,
     BOARD_NAME,
@@ -55,7 +56,8 @@ def start(args: argparse.Namespace, settings: dict[str, Any], options: RayServeO
         replica_class = DecoderReplica
     decoder = serve.deployment(
         replica_class, name="DecoderReplica", max_ongoing_requests=options.max_ongoing,
-        ray_actor_options={"num_cpus": options.cpus_per_replica, "num_gpus": options.gpus_per_replica},
+        ray_actor_options={"num_cpus": options.cpus_per_replica, "num_gpus": options.gpus_per_replica,
+                           **replica_environment()},
         health_check_period_s=2.0, graceful_shutdown_timeout_s=5.0, max_constructor_retry_count=2,
         **options.scaling())
     ingress = serve.deployment(
@@ -63,6 +65,13 @@ def start(args: argparse.Namespace, settings: dict[str, Any], options: RayServeO
         ray_actor_options={"num_cpus": 0})
     app = ingress.bind(decoder.bind(args, board), board, args, settings)
     return serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config=QUIET)
+
+
+def replica_environment() -> dict[str, Any]:
+    """The kernel-cache bound set in this process (asr_app/kernel_cache.py), for the replicas: a cluster
+    joined with --address started its workers with another environment."""
+    bound = {name: os.environ[name] for name in VARIABLES if os.environ.get(name)}
+    return {"runtime_env": {"env_vars": bound}} if bound else {}
 
 
 def running_http_address() -> tuple[str, int] | None:

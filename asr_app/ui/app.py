@@ -17,6 +17,7 @@ import pandas as pd
 
 from asr_app import ports
 from asr_app.arguments import add_model_args, check_args_or_report, load_decoder_or_report
+from asr_app.kernel_cache import add_kernel_cache_arg, bound_kernel_cache, kernel_cache_problem
 from asr_app.ui.engine import COMPARE_MODES, UI_MODES, UiEngine
 from asr_app.ui.file import CompareOutcome, compare_modes, transcribe_file
 from asr_app.ui.live import live_chunk, live_figures_markdown, live_reset, live_stop
@@ -173,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
     parser.add_argument("--max-upload-mb", type=int, default=200,
                         help="largest upload accepted, in MB (default 200; Gradio refuses larger ones with a message)")
+    add_kernel_cache_arg(parser)
     return parser
 
 
@@ -187,18 +189,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"app.py: error: --mode {args.mode} is not offered in the web app (choose from {', '.join(UI_MODES)})",
               file=sys.stderr)
         return 2
+    if (problem := kernel_cache_problem(args.cpu_kernel_cache)) is not None:
+        print(f"app.py: error: {problem}", file=sys.stderr)
+        return 2
     if not check_args_or_report(args, "app.py"):
         return 2
     problem = ports.port_problem(args.host, args.port)
     if problem:  # say so before spending time on loading the models
         print(f"error: cannot serve on {args.host}:{args.port}: {problem}", file=sys.stderr)
         return 2
+    kernel_cache = bound_kernel_cache(args.cpu_kernel_cache)   # before any kernel: the models load next
     decoder = load_decoder_or_report(args, "app.py")  # the models load once, here
     if decoder is None:
         return 2
     engine = UiEngine.from_decoder(decoder).sharing(schedule=args.temperature if len(args.temperature) > 1 else ())
     demo = build_app(engine)
-    print(f"models loaded: {engine.describe()}", flush=True)
+    cache = f"; CPU kernel cache {kernel_cache}" if decoder.pair.device.type == "cpu" else ""
+    print(f"models loaded: {engine.describe()}{cache}", flush=True)
     # SIGTERM stops the app as Ctrl-C does: Gradio then closes its server, which deletes its upload cache, and
     # the process ends normally, so the atexit cleanup of our own folders runs too.
     signal.signal(signal.SIGTERM, _interrupt)
