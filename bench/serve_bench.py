@@ -41,6 +41,8 @@ import soundfile as sf
 import soxr
 
 from asr_app.decoding.options import ENCODER_MATMUL_DTYPES
+from asr_app.kernel_cache import VARIABLES as KERNEL_CACHE_VARIABLES
+from asr_app.kernel_cache import bound_kernel_cache
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
@@ -424,6 +426,9 @@ def changed_settings(report: dict) -> list[str]:
     interval = report.get("switch_interval_ms")
     if interval is not None and abs(interval - 5.0) > 1e-9:
         notes.append(f"thread switch interval {interval:g} ms (`--switch-interval-ms`; Python's own 5 ms)")
+    cache = report.get("cpu_kernel_cache")
+    if cache is not None and not cache.endswith("(default)"):
+        notes.append(f"CPU kernel cache {cache}")
     return notes
 
 
@@ -467,15 +472,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="RuntimeOptions.encoder_matmul_dtype of the decoder every engine shares")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="the interpreter's thread switch interval (sys.setswitchinterval; Python's own: 5)")
+    parser.add_argument("--cpu-kernel-cache", type=int, default=None, metavar="N",
+                        help="oneDNN's kernel-cache bound, as asr-serve's flag (default: asr-serve's default)")
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/<device>/<date>/serve_bench.json)")
     args = parser.parse_args(argv)
     default_interval = sys.getswitchinterval()
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
+    saved = {name: os.environ.get(name) for name in KERNEL_CACHE_VARIABLES}
+    # as asr-serve sets it, before the models' first kernel (in a process where oneDNN already ran, a test's,
+    # it changes nothing and the report's figure is the setting, not what oneDNN uses)
+    args.kernel_cache = bound_kernel_cache(args.cpu_kernel_cache)
     try:
         return run(args, argv)
     finally:
         sys.setswitchinterval(default_interval)   # main() is also called in-process (tests)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def run(args: argparse.Namespace, argv: list[str] | None) -> int:
@@ -490,6 +506,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     report = {"command": " ".join(["python", "bench/serve_bench.py", *(argv or sys.argv[1:])]),
               "threads": args.threads, "date": time.strftime("%Y-%m-%d"), "cpu": _cpu(),
               "encoder_matmul_dtype": args.encoder_matmul_dtype, "switch_interval_ms": 1000 * sys.getswitchinterval(),
+              "cpu_kernel_cache": args.kernel_cache,
               "device": device_name(args.device) if args.device.startswith("cuda") else "cpu"}
     out = Path(args.out) if args.out else result_path("serve_bench", args.device)
 

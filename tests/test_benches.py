@@ -355,7 +355,7 @@ def test_api_layers_lets_in_every_request_it_sends_and_keeps_clips_a_decoder_cal
     assert len(paths) == len(audio) == 40 and all(len(a) <= 30 * 16_000 for a in audio)
 
 
-def test_serve_bench_names_a_changed_switch_interval_and_puts_it_back(monkeypatch):
+def test_serve_bench_names_a_changed_switch_interval_and_kernel_cache_and_puts_them_back(monkeypatch):
     bench = import_bench(monkeypatch, "serve_bench.py")
     api = json.loads((BENCH / "results/nvidia-h200/2026-11-28/serve_bench.json").read_text())
     report = {"switch_interval_ms": 0.5, "api": api["api"]}
@@ -364,12 +364,21 @@ def test_serve_bench_names_a_changed_switch_interval_and_puts_it_back(monkeypatc
     assert bench.changed_settings({"encoder_matmul_dtype": "bfloat16", "switch_interval_ms": 1.0}) == [
         "encoder products in bf16 (`--encoder-matmul-dtype bfloat16`)",
         "thread switch interval 1 ms (`--switch-interval-ms`; Python's own 5 ms)"]
+    assert bench.changed_settings({"cpu_kernel_cache": "64 (default)"}) == []
+    assert bench.changed_settings({"cpu_kernel_cache": "1024 (--cpu-kernel-cache)"}) == [
+        "CPU kernel cache 1024 (--cpu-kernel-cache)"]
+    import os as _os
     import sys as _sys
     before = _sys.getswitchinterval()
+    from asr_app.kernel_cache import VARIABLES
     from asr_app.models.errors import ModelLoadError
-    with pytest.raises(ModelLoadError):   # no models there: the run fails after the interval was set
-        bench.main(["--switch-interval-ms", "0.25", "--models", "/nonexistent", "--streams", "0"])
+    monkeypatch.setenv(VARIABLES[0], "77")
+    monkeypatch.delenv(VARIABLES[1], raising=False)
+    with pytest.raises(ModelLoadError):   # no models there: the run fails after the interval and cache were set
+        bench.main(["--switch-interval-ms", "0.25", "--cpu-kernel-cache", "9", "--models", "/nonexistent",
+                    "--streams", "0"])
     assert _sys.getswitchinterval() == before
+    assert _os.environ[VARIABLES[0]] == "77" and VARIABLES[1] not in _os.environ   # the environment as it was
 
 
 def test_gil_probe_times_a_decode_alone_and_beside_a_spinning_thread(tmp_path, monkeypatch, one_torch_thread):
