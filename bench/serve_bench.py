@@ -41,8 +41,7 @@ import soundfile as sf
 import soxr
 
 from asr_app.decoding.options import ENCODER_MATMUL_DTYPES
-from asr_app.kernel_cache import VARIABLES as KERNEL_CACHE_VARIABLES
-from asr_app.kernel_cache import bound_kernel_cache
+from asr_app.kernel_cache import add_kernel_cache_arg, kernel_cache_bound, kernel_cache_problem
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
@@ -472,26 +471,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="RuntimeOptions.encoder_matmul_dtype of the decoder every engine shares")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="the interpreter's thread switch interval (sys.setswitchinterval; Python's own: 5)")
-    parser.add_argument("--cpu-kernel-cache", type=int, default=None, metavar="N",
-                        help="oneDNN's kernel-cache bound, as asr-serve's flag (default: asr-serve's default)")
+    add_kernel_cache_arg(parser)   # as asr-serve's, and with its default
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/<device>/<date>/serve_bench.json)")
     args = parser.parse_args(argv)
+    if (problem := kernel_cache_problem(args.cpu_kernel_cache)) is not None:
+        parser.error(problem)
     default_interval = sys.getswitchinterval()
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
-    saved = {name: os.environ.get(name) for name in KERNEL_CACHE_VARIABLES}
-    # as asr-serve sets it, before the models' first kernel (in a process where oneDNN already ran, a test's,
-    # it changes nothing and the report's figure is the setting, not what oneDNN uses)
-    args.kernel_cache = bound_kernel_cache(args.cpu_kernel_cache)
+    # the bound as asr-serve sets it, before the models' first kernel (in a process where oneDNN already ran,
+    # a test's, it changes nothing, and the report names the setting, not what oneDNN uses)
     try:
-        return run(args, argv)
+        with kernel_cache_bound(args.cpu_kernel_cache) as bound:
+            args.kernel_cache = str(bound)
+            return run(args, argv)
     finally:
         sys.setswitchinterval(default_interval)   # main() is also called in-process (tests)
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def run(args: argparse.Namespace, argv: list[str] | None) -> int:

@@ -367,18 +367,22 @@ def test_serve_bench_names_a_changed_switch_interval_and_kernel_cache_and_puts_t
     assert bench.changed_settings({"cpu_kernel_cache": "64 (default)"}) == []
     assert bench.changed_settings({"cpu_kernel_cache": "1024 (--cpu-kernel-cache)"}) == [
         "CPU kernel cache 1024 (--cpu-kernel-cache)"]
-    import os as _os
-    import sys as _sys
-    before = _sys.getswitchinterval()
+    before = sys.getswitchinterval()
     from asr_app.kernel_cache import VARIABLES
-    from asr_app.models.errors import ModelLoadError
+
+    def stop_with_the_settings(args, argv):   # what run() would decode under, then no models loaded
+        raise RuntimeError(f"interval {sys.getswitchinterval()}, cache {os.environ[VARIABLES[0]]}, "
+                           f"{VARIABLES[1] in os.environ}, {args.kernel_cache}")
+
+    monkeypatch.setattr(bench, "run", stop_with_the_settings)
     monkeypatch.setenv(VARIABLES[0], "77")
-    monkeypatch.delenv(VARIABLES[1], raising=False)
-    with pytest.raises(ModelLoadError):   # no models there: the run fails after the interval and cache were set
-        bench.main(["--switch-interval-ms", "0.25", "--cpu-kernel-cache", "9", "--models", "/nonexistent",
-                    "--streams", "0"])
-    assert _sys.getswitchinterval() == before
-    assert _os.environ[VARIABLES[0]] == "77" and VARIABLES[1] not in _os.environ   # the environment as it was
+    monkeypatch.setenv(VARIABLES[1], "88")
+    with pytest.raises(RuntimeError, match=r"^interval 0.00025, cache 9, False, 9 \(--cpu-kernel-cache\)$"):
+        bench.main(["--switch-interval-ms", "0.25", "--cpu-kernel-cache", "9", "--streams", "0"])
+    assert sys.getswitchinterval() == before
+    assert (os.environ[VARIABLES[0]], os.environ[VARIABLES[1]]) == ("77", "88")   # the environment as it was
+    with pytest.raises(SystemExit):
+        bench.main(["--cpu-kernel-cache", "0", "--streams", "0"])
 
 
 def test_gil_probe_times_a_decode_alone_and_beside_a_spinning_thread(tmp_path, monkeypatch, one_torch_thread):

@@ -148,7 +148,8 @@ PROBES: dict[str, dict[str, list[str]]] = {
         "live_encoder_context": ["H:--live-encoder-context 4", "H:--live-encoder-context 0",
                                  "H:--engine ray --live-encoder-context 4 | --engine ray",
                                  "R:--live-encoder-context 40", "R:--live-encoder-context -1"],
-        "cpu_kernel_cache": ["H:--cpu-kernel-cache 128", "R:--cpu-kernel-cache 0"],
+        "cpu_kernel_cache": ["H:--cpu-kernel-cache 128", "H:--engine ray --cpu-kernel-cache 128 | --engine ray",
+                             "R:--cpu-kernel-cache 0"],
         "no_ui": ["H:--no-ui", "H:--engine ray --no-ui | --engine ray"],
         "no_warm_up": ["H:--no-warm-up", "R:--engine ray --no-warm-up"],
         "engine": ["H:--engine ray"],
@@ -300,10 +301,10 @@ def recorder(monkeypatch):
     rec = Recorder()
     monkeypatch.setattr("asr_app.arguments.check_reachable", lambda spec: None)
 
-    def bound_in_a_copy(entries):   # the services' kernel-cache bound, set in a copy: this process and
-        described = kernel_cache.bound_kernel_cache(entries, environ={})   # later runs see no trace of it
-        rec.put("kernel_cache", described)
-        return described
+    def bound_in_a_copy(entries: int | None) -> kernel_cache.KernelCacheBound:
+        # The services' kernel-cache bound, set in a copy: this process and later runs see no trace of it.
+        # Not recorded: what shows it is the startup line, and what Ray would give its replicas.
+        return kernel_cache.bound_kernel_cache(entries, environ={})
 
     monkeypatch.setattr(ui_app, "bound_kernel_cache", bound_in_a_copy)
     monkeypatch.setattr(serve_cli, "bound_kernel_cache", bound_in_a_copy)
@@ -405,7 +406,7 @@ def recorder(monkeypatch):
         rec.put("ray", {"address": options.address, "cpus_needed": options.cpus_needed,
                         "scaling": options.scaling(),
                         "replica": [options.cpus_per_replica, options.gpus_per_replica, options.max_ongoing,
-                                    options.batching],
+                                    options.batching, options.replica_env],
                         "http": [args.host, args.port]})
         ingress = ray_engine.Ingress(None, None, args, settings)  # the deployments' bodies, built here
         ingress.__serve_build_asgi_app__()

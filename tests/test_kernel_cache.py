@@ -19,7 +19,7 @@ from test_ui_server import free_port, stop
 
 from asr_app.kernel_cache import SERVICE_DEFAULT, VARIABLES, bound_kernel_cache, kernel_cache_problem
 from asr_app.runtime.ops import onednn_packing_works
-from asr_app.serve.ray_launch import replica_environment
+from asr_app.serve.ray_launch import replica_runtime_env
 
 ONEDNN, DNNL = VARIABLES
 MISS = "create:cache_miss"
@@ -29,29 +29,47 @@ needs_onednn = pytest.mark.skipif(not onednn_packing_works(),
 
 def test_the_flag_wins_then_the_environment_then_the_service_default():
     env: dict[str, str] = {}
-    assert bound_kernel_cache(None, env) == f"{SERVICE_DEFAULT} (default)" and env == {ONEDNN: str(SERVICE_DEFAULT)}
+    bound = bound_kernel_cache(None, env)
+    assert str(bound) == f"{SERVICE_DEFAULT} (default)" and env == {ONEDNN: str(SERVICE_DEFAULT)}
+    assert bound.environment() == {ONEDNN: str(SERVICE_DEFAULT)}
     env = {DNNL: "200"}
-    assert bound_kernel_cache(None, env) == f"200 (${DNNL})" and env == {DNNL: "200"}
+    bound = bound_kernel_cache(None, env)
+    assert str(bound) == f"200 (${DNNL})" and env == {DNNL: "200"} and bound.environment() == {DNNL: "200"}
     env = {ONEDNN: "300", DNNL: "200"}
-    assert bound_kernel_cache(None, env) == f"300 (${ONEDNN})" and env == {ONEDNN: "300", DNNL: "200"}
+    assert str(bound_kernel_cache(None, env)) == f"300 (${ONEDNN})" and env == {ONEDNN: "300", DNNL: "200"}
     env = {ONEDNN: "", "OTHER": "1"}   # set but empty: oneDNN would use its own default, so ours applies
-    assert bound_kernel_cache(None, env) == f"{SERVICE_DEFAULT} (default)" and env[ONEDNN] == str(SERVICE_DEFAULT)
+    assert str(bound_kernel_cache(None, env)) == f"{SERVICE_DEFAULT} (default)" and env[ONEDNN] == str(SERVICE_DEFAULT)
     env = {ONEDNN: "300", DNNL: "200", "OTHER": "1"}
-    assert bound_kernel_cache(16, env) == "16 (--cpu-kernel-cache)" and env == {ONEDNN: "16", "OTHER": "1"}
+    bound = bound_kernel_cache(16, env)
+    assert str(bound) == "16 (--cpu-kernel-cache)" and env == {ONEDNN: "16", "OTHER": "1"}
 
 
-def test_a_cache_of_nothing_is_refused():
-    assert kernel_cache_problem(None) is None and kernel_cache_problem(1) is None
-    assert kernel_cache_problem(0) == "--cpu-kernel-cache must be at least 1, got 0"
-    assert kernel_cache_problem(-3) == "--cpu-kernel-cache must be at least 1, got -3"
+def test_a_cache_of_nothing_is_refused_from_the_flag_or_the_environment():
+    assert kernel_cache_problem(None, {}) is None and kernel_cache_problem(1, {ONEDNN: "0"}) is None
+    assert kernel_cache_problem(None, {ONEDNN: "", DNNL: "32"}) is None
+    assert kernel_cache_problem(0, {}) == "--cpu-kernel-cache must be at least 1, got 0"
+    assert kernel_cache_problem(-3, {}) == "--cpu-kernel-cache must be at least 1, got -3"
+    # oneDNN reads what is not a number as 0: no cache at all
+    assert kernel_cache_problem(None, {ONEDNN: "0"}) == f"${ONEDNN} must be a whole number of at least 1, got '0'"
+    assert kernel_cache_problem(None, {DNNL: "lots"}) == f"${DNNL} must be a whole number of at least 1, got 'lots'"
+    assert kernel_cache_problem(None, {ONEDNN: "-5"}) is not None
 
 
-def test_ray_replicas_are_given_the_bound_of_the_process_that_deploys_them(monkeypatch):
-    monkeypatch.setenv(ONEDNN, "64")
-    monkeypatch.setenv(DNNL, "")
-    assert replica_environment() == {"runtime_env": {"env_vars": {ONEDNN: "64"}}}
-    monkeypatch.delenv(ONEDNN)
-    assert replica_environment() == {}
+def test_the_service_refuses_a_bad_bound_in_its_environment_in_one_line(monkeypatch, capsys):
+    from asr_app.serve.cli import main
+    monkeypatch.setenv(ONEDNN, "none")
+    assert main(["--target", "nowhere"]) == 2
+    assert capsys.readouterr().err == f"asr-serve: error: ${ONEDNN} must be a whole number of at least 1, got 'none'\n"
+
+
+def test_ray_replicas_get_the_bound_beside_the_jobs_own_runtime_env():
+    bound = (("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64"),)
+    assert replica_runtime_env(None, bound) == {"runtime_env": {"env_vars": {ONEDNN: "64"}}}
+    job = {"pip": ["x"], "env_vars": {"HF_HOME": "/h", ONEDNN: "9"}, "working_dir": "/w"}
+    assert replica_runtime_env(job, bound) == {"runtime_env": {"pip": ["x"], "working_dir": "/w",
+                                                               "env_vars": {"HF_HOME": "/h", ONEDNN: "64"}}}
+    assert job["env_vars"][ONEDNN] == "9"   # the job's own left as it was
+    assert replica_runtime_env(job, ()) == {}   # nothing to add: Serve gives the replicas the job's runtime_env
 
 
 PROBE = textwrap.dedent("""

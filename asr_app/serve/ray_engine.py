@@ -79,6 +79,7 @@ class RayServeOptions:
     max_ongoing: int = 256            # requests one replica holds at once (its scheduler batches them)
     retries: int = 5                  # sends of one row before its replica's loss is the caller's error
     batching: str = "scheduler"       # how a replica batches: the serving scheduler, or Serve's @serve.batch
+    replica_env: tuple[tuple[str, str], ...] = ()   # set in each replica's environment (the kernel-cache bound)
 
     @property
     def cpus_needed(self) -> float:

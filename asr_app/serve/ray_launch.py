@@ -8,10 +8,9 @@ import math
 import os
 import signal
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from asr_app.kernel_cache import VARIABLES
 from asr_app.serve.ray_engine import (
     APP_NAME,
     BOARD_NAME,
@@ -57,7 +56,7 @@ def start(args: argparse.Namespace, settings: dict[str, Any], options: RayServeO
     decoder = serve.deployment(
         replica_class, name="DecoderReplica", max_ongoing_requests=options.max_ongoing,
         ray_actor_options={"num_cpus": options.cpus_per_replica, "num_gpus": options.gpus_per_replica,
-                           **replica_environment()},
+                           **replica_runtime_env(ray.get_runtime_context().runtime_env, options.replica_env)},
         health_check_period_s=2.0, graceful_shutdown_timeout_s=5.0, max_constructor_retry_count=2,
         **options.scaling())
     ingress = serve.deployment(
@@ -67,11 +66,15 @@ def start(args: argparse.Namespace, settings: dict[str, Any], options: RayServeO
     return serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config=QUIET)
 
 
-def replica_environment() -> dict[str, Any]:
-    """The kernel-cache bound set in this process (asr_app/kernel_cache.py), for the replicas: a cluster
-    joined with --address started its workers with another environment."""
-    bound = {name: os.environ[name] for name in VARIABLES if os.environ.get(name)}
-    return {"runtime_env": {"env_vars": bound}} if bound else {}
+def replica_runtime_env(job: Mapping[str, Any] | None, env: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """The decoder replicas' runtime_env: the job's own (Serve gives a deployment the job's runtime_env only
+    where it sets none itself, so it is merged in here) with `env` added to its env_vars; nothing to set
+    when `env` is empty."""
+    env = dict(env)
+    if not env:
+        return {}
+    job = dict(job or {})
+    return {"runtime_env": {**job, "env_vars": {**(job.get("env_vars") or {}), **env}}}
 
 
 def running_http_address() -> tuple[str, int] | None:
