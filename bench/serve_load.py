@@ -225,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         proc.wait(30)
     log = (tmp / "server.log").read_text()
     report["server_tracebacks"] = log.count("Traceback")
+    report["onednn_kernels"] = onednn_kernels(log)
     # what the server itself set (asr_app/kernel_cache.py): the bench's own environment does not show it
     report["cpu_kernel_cache"] = next((line.split("CPU kernel cache ", 1)[1].split(";")[0]
                                        for line in log.splitlines() if "CPU kernel cache " in line), None)
@@ -235,6 +236,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"problems: {len(report['problems'])}", *report["problems"][:20], sep="\n  ")
     print(f"wrote {out}")
     return 0
+
+
+def onednn_kernels(log: str) -> dict | None:
+    """Kernels oneDNN compiled (cache misses: their count and seconds) and found in its cache, from the lines
+    it writes when the server runs with ONEDNN_VERBOSE=profile_create; None without them."""
+    misses = [line for line in log.splitlines() if ",create:cache_miss," in line]
+    hits = log.count(",create:cache_hit,")
+    if not misses and not hits:
+        return None
+    return {"compiled": len(misses), "compile_s": sum(float(line.rsplit(",", 1)[1]) for line in misses) / 1000,
+            "found": hits}
 
 
 def load_table(report: dict) -> str:
@@ -256,6 +268,9 @@ def load_table(report: dict) -> str:
              f"{report['rss_before_mb']:.0f} / {report['rss_after_mb']:.0f} / {report['rss_peak_mb']:.0f}"),
             ("tracebacks in the server log", str(report["server_tracebacks"])),
             ("the server's CPU kernel cache", str(report.get("cpu_kernel_cache"))),
+            *([("kernels compiled / compile s / found in the cache (ONEDNN_VERBOSE)",
+                f"{kernels['compiled']} / {kernels['compile_s']:.1f} / {kernels['found']}")]
+              if (kernels := report.get("onednn_kernels")) else []),
             ("requests whose text was not right", str(len(report["problems"]) - sum(failures.values())))]
     return "| check | result |\n|---|---|\n" + "\n".join(f"| {a} | {b} |" for a, b in rows)
 

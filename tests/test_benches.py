@@ -402,3 +402,18 @@ def test_gil_probe_times_a_decode_alone_and_beside_a_spinning_thread(tmp_path, m
     table = out.with_suffix(".md").read_text()
     ratio = rows[1]["median_s"] / rows[0]["median_s"]
     assert f"| 0.1 | 1 | {1000 * rows[1]['median_s']:.0f} | {ratio:.1f}x |" in table
+
+
+def test_serve_load_counts_the_kernels_onednn_compiled_from_its_verbose_lines(monkeypatch):
+    bench = import_bench(monkeypatch, "serve_load.py")
+    log = "\n".join([
+        "models loaded: ...; CPU kernel cache 64 (default); serving on http://127.0.0.1:8931",
+        "onednn_verbose,v1,primitive,create:cache_miss,cpu,inner_product,brg_matmul:avx512_core,forward_inference,"
+        "src:f32::blocked:ab::f0 wei:f32:p:blocked:AB16b64a::f0 bia:undef::undef::: dst:f32::blocked:ab::f0,"
+        "attr-scratchpad:user,,mb4ic384oc1152,0.25",
+        "onednn_verbose,v1,primitive,create:cache_hit,cpu,inner_product,brg_matmul:avx512_core,forward_inference,"
+        "src:f32::blocked:ab::f0,,mb4ic384oc1152,0.001",
+        "onednn_verbose,v1,primitive,create:cache_miss,cpu,reorder,jit:uni,undef,src:f32::blocked:ab::f0,,24x16,1.75",
+    ])
+    assert bench.onednn_kernels(log) == {"compiled": 2, "compile_s": 0.002, "found": 1}
+    assert bench.onednn_kernels("models loaded\nINFO nothing else") is None
