@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")   # oneDNN reads either
-SERVICE_DEFAULT = 64
+SERVICE_DEFAULT = 256
 ONEDNN_DEFAULT = 1024
 
 
