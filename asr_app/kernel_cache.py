@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,10 +33,6 @@ class KernelCacheBound:
 
     def __str__(self) -> str:
         return f"{self.entries} ({self.source})"
-
-    def environment(self) -> dict[str, str]:
-        """What another process (a Ray replica) needs in its environment to have the same bound."""
-        return {self.variable: str(self.entries)}
 
 
 def add_kernel_cache_arg(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +53,7 @@ def kernel_cache_problem(entries: int | None, environ: Mapping[str, str] | None 
     if entries is not None:
         return None if entries >= 1 else f"--cpu-kernel-cache must be at least 1, got {entries}"
     setting = _operator_setting(os.environ if environ is None else environ)
-    if setting is not None and not (setting[1].strip().isdigit() and int(setting[1]) >= 1):
+    if setting is not None and not (re.fullmatch(r"\s*[0-9]+\s*", setting[1]) and int(setting[1]) >= 1):
         return f"${setting[0]} must be a whole number of at least 1, got {setting[1]!r}"
     return None
 

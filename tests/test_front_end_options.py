@@ -308,6 +308,13 @@ def recorder(monkeypatch):
 
     monkeypatch.setattr(ui_app, "bound_kernel_cache", bound_in_a_copy)
     monkeypatch.setattr(serve_cli, "bound_kernel_cache", bound_in_a_copy)
+
+    def replica_bound(entries: int | None) -> kernel_cache.KernelCacheBound:   # what a Ray replica sets
+        bound = bound_in_a_copy(entries)
+        rec.put("replica_kernel_cache", str(bound))
+        return bound
+
+    monkeypatch.setattr(ray_engine, "bound_kernel_cache", replica_bound)
     monkeypatch.setattr(asr_app.models.loading, "load_pair", lambda **kw: _fake_pair(rec, **kw))
     monkeypatch.setattr(asr_app.decoding.engine, "SpeculativeDecoder",
                         lambda pair, options, runtime=None: FakeDecoder(pair, options, runtime, rec))
@@ -406,7 +413,7 @@ def recorder(monkeypatch):
         rec.put("ray", {"address": options.address, "cpus_needed": options.cpus_needed,
                         "scaling": options.scaling(),
                         "replica": [options.cpus_per_replica, options.gpus_per_replica, options.max_ongoing,
-                                    options.batching, options.replica_env],
+                                    options.batching],
                         "http": [args.host, args.port]})
         ingress = ray_engine.Ingress(None, None, args, settings)  # the deployments' bodies, built here
         ingress.__serve_build_asgi_app__()

@@ -19,7 +19,6 @@ from test_ui_server import free_port, stop
 
 from asr_app.kernel_cache import SERVICE_DEFAULT, VARIABLES, bound_kernel_cache, kernel_cache_problem
 from asr_app.runtime.ops import onednn_packing_works
-from asr_app.serve.ray_launch import replica_runtime_env
 
 ONEDNN, DNNL = VARIABLES
 MISS = "create:cache_miss"
@@ -31,10 +30,9 @@ def test_the_flag_wins_then_the_environment_then_the_service_default():
     env: dict[str, str] = {}
     bound = bound_kernel_cache(None, env)
     assert str(bound) == f"{SERVICE_DEFAULT} (default)" and env == {ONEDNN: str(SERVICE_DEFAULT)}
-    assert bound.environment() == {ONEDNN: str(SERVICE_DEFAULT)}
     env = {DNNL: "200"}
     bound = bound_kernel_cache(None, env)
-    assert str(bound) == f"200 (${DNNL})" and env == {DNNL: "200"} and bound.environment() == {DNNL: "200"}
+    assert str(bound) == f"200 (${DNNL})" and env == {DNNL: "200"} and (bound.entries, bound.variable) == (200, DNNL)
     env = {ONEDNN: "300", DNNL: "200"}
     assert str(bound_kernel_cache(None, env)) == f"300 (${ONEDNN})" and env == {ONEDNN: "300", DNNL: "200"}
     env = {ONEDNN: "", "OTHER": "1"}   # set but empty: oneDNN would use its own default, so ours applies
@@ -53,6 +51,8 @@ def test_a_cache_of_nothing_is_refused_from_the_flag_or_the_environment():
     assert kernel_cache_problem(None, {ONEDNN: "0"}) == f"${ONEDNN} must be a whole number of at least 1, got '0'"
     assert kernel_cache_problem(None, {DNNL: "lots"}) == f"${DNNL} must be a whole number of at least 1, got 'lots'"
     assert kernel_cache_problem(None, {ONEDNN: "-5"}) is not None
+    assert kernel_cache_problem(None, {ONEDNN: "2\u00b2"}) is not None   # a digit to str.isdigit, not to int()
+    assert kernel_cache_problem(None, {ONEDNN: " 32 "}) is None
 
 
 def test_the_service_refuses_a_bad_bound_in_its_environment_in_one_line(monkeypatch, capsys):
@@ -62,14 +62,29 @@ def test_the_service_refuses_a_bad_bound_in_its_environment_in_one_line(monkeypa
     assert capsys.readouterr().err == f"asr-serve: error: ${ONEDNN} must be a whole number of at least 1, got 'none'\n"
 
 
-def test_ray_replicas_get_the_bound_beside_the_jobs_own_runtime_env():
-    bound = (("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64"),)
-    assert replica_runtime_env(None, bound) == {"runtime_env": {"env_vars": {ONEDNN: "64"}}}
-    job = {"pip": ["x"], "env_vars": {"HF_HOME": "/h", ONEDNN: "9"}, "working_dir": "/w"}
-    assert replica_runtime_env(job, bound) == {"runtime_env": {"pip": ["x"], "working_dir": "/w",
-                                                               "env_vars": {"HF_HOME": "/h", ONEDNN: "64"}}}
-    assert job["env_vars"][ONEDNN] == "9"   # the job's own left as it was
-    assert replica_runtime_env(job, ()) == {}   # nothing to add: Serve gives the replicas the job's runtime_env
+def test_a_ray_replica_sets_the_bound_in_its_own_process_before_it_loads_the_models(monkeypatch):
+    """A replica decides as asr-serve does, from its own environment (its node's and the job's runtime_env),
+    and only then loads the pair; a bad value there stops it with the sentence asr-serve would give."""
+    from types import SimpleNamespace
+
+    import asr_app.arguments
+    from asr_app.serve import ray_engine
+
+    seen = []
+    monkeypatch.setattr(asr_app.arguments, "decoder_from_args", lambda args: seen.append(dict(os.environ)) or "pair")
+    for name in VARIABLES:   # registered, so that what the replica sets here is undone after the test
+        monkeypatch.setenv(name, "1")
+        monkeypatch.delenv(name)
+    monkeypatch.setenv(DNNL, "48")   # the job's runtime_env or the node
+    assert ray_engine.replica_decoder(SimpleNamespace(cpu_kernel_cache=None)) == "pair"
+    assert seen[-1].get(DNNL) == "48" and ONEDNN not in seen[-1]
+    assert ray_engine.replica_decoder(SimpleNamespace(cpu_kernel_cache=12)) == "pair"   # asr-serve's flag wins
+    assert seen[-1].get(ONEDNN) == "12" and DNNL not in seen[-1]
+    monkeypatch.delenv(ONEDNN)
+    monkeypatch.setenv(DNNL, "0")
+    with pytest.raises(ValueError, match=f"\\${DNNL} must be a whole number of at least 1, got '0'"):
+        ray_engine.replica_decoder(SimpleNamespace(cpu_kernel_cache=None))
+    assert len(seen) == 2   # refused before loading
 
 
 PROBE = textwrap.dedent("""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import sys
@@ -142,12 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     schedule = tuple(args.temperature) if len(args.temperature) > 1 else ()
     access = AccessSettings(api_key=args.api_key, cors_origins=tuple(args.cors_origin))
-    kernel_cache = bound_kernel_cache(args.cpu_kernel_cache)   # before any kernel: the models load next
-    if ray_options is not None:   # the replicas load the models, in processes of their own
-        ray_options = dataclasses.replace(ray_options, replica_env=tuple(kernel_cache.environment().items()))
+    if ray_options is not None:   # the replicas load the models and set the bound in their own processes
         return serve_on_ray(args, ray_options, {"limits": limits, "access": access, "schedule": schedule,
                                                 "live_encoder_context_s": args.live_encoder_context,
                                                 "mount_ui": not args.no_ui, "retries": ray_options.retries})
+    kernel_cache = bound_kernel_cache(args.cpu_kernel_cache)   # before any kernel: the models load next
     decoder = load_decoder_or_report(args, "asr-serve")
     if decoder is None:
         return 2

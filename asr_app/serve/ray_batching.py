@@ -23,7 +23,7 @@ from asr_app.decoding.seeds import batch_options
 from asr_app.decoding.workspaces import keep_workspaces, workspace_stats
 from asr_app.scheduler import PRIORITY_NAMES, SchedulerOptions
 from asr_app.scheduler_metrics import RecentLatencies, SchedulerMetrics
-from asr_app.serve.ray_engine import publish_metrics
+from asr_app.serve.ray_engine import publish_metrics, replica_decoder
 
 MAX_BATCH = 8
 WAIT_S = 0.005
@@ -31,9 +31,7 @@ WAIT_S = 0.005
 
 class ServeBatchedReplica:
     def __init__(self, model_args: Any, board: Any = None) -> None:
-        from asr_app.arguments import decoder_from_args
-
-        self.decoder = decoder_from_args(model_args)
+        self.decoder = replica_decoder(model_args)
         keep_workspaces(self.decoder, 2 * MAX_BATCH)   # Serve's batches: any size up to MAX_BATCH, drafts or not
         self._start_figures()
         if board is not None:

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from asr_app.decoding.options import DecodingOptions, DecodingResult
+from asr_app.kernel_cache import bound_kernel_cache, kernel_cache_problem
 from asr_app.scheduler import FILE, ScheduledDecoder, SchedulerBusy, SchedulerClosed
 from asr_app.scheduler_metrics import SchedulerMetrics
 
@@ -79,7 +80,6 @@ class RayServeOptions:
     max_ongoing: int = 256            # requests one replica holds at once (its scheduler batches them)
     retries: int = 5                  # sends of one row before its replica's loss is the caller's error
     batching: str = "scheduler"       # how a replica batches: the serving scheduler, or Serve's @serve.batch
-    replica_env: tuple[tuple[str, str], ...] = ()   # set in each replica's environment (the kernel-cache bound)
 
     @property
     def cpus_needed(self) -> float:
@@ -165,10 +165,9 @@ class DecoderReplica:
     """One replica: the model pair loaded once, one scheduler batching every row that reaches it."""
 
     def __init__(self, model_args: argparse.Namespace, board: Any = None) -> None:
-        from asr_app.arguments import decoder_from_args
         from asr_app.scheduler import Scheduler
 
-        self.scheduler = Scheduler(decoder_from_args(model_args))
+        self.scheduler = Scheduler(replica_decoder(model_args))
         if board is not None:
             publish_metrics(board, self.scheduler.metrics)
 
@@ -186,6 +185,19 @@ class DecoderReplica:
     def metrics(self) -> SchedulerMetrics:
         return self.scheduler.metrics()
 
+
+
+def replica_decoder(model_args: argparse.Namespace):
+    """A replica's model pair, loaded once the kernel-cache bound is set in the replica's own process
+    (asr_app/kernel_cache.py): from --cpu-kernel-cache, else the environment the replica runs in (its node's
+    and the job's runtime_env), else the service's default, as asr-serve decides for its own process."""
+    from asr_app.arguments import decoder_from_args
+
+    entries = getattr(model_args, "cpu_kernel_cache", None)
+    if (problem := kernel_cache_problem(entries)) is not None:
+        raise ValueError(problem)
+    log.info("CPU kernel cache %s", bound_kernel_cache(entries))
+    return decoder_from_args(model_args)
 
 
 PUBLISHED_SAMPLES = 64   # batch samples a replica sends the board each time

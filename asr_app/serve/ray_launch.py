@@ -8,7 +8,7 @@ import math
 import os
 import signal
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from asr_app.serve.ray_engine import (
@@ -55,8 +55,7 @@ def start(args: argparse.Namespace, settings: dict[str, Any], options: RayServeO
         replica_class = DecoderReplica
     decoder = serve.deployment(
         replica_class, name="DecoderReplica", max_ongoing_requests=options.max_ongoing,
-        ray_actor_options={"num_cpus": options.cpus_per_replica, "num_gpus": options.gpus_per_replica,
-                           **replica_runtime_env(ray.get_runtime_context().runtime_env, options.replica_env)},
+        ray_actor_options={"num_cpus": options.cpus_per_replica, "num_gpus": options.gpus_per_replica},
         health_check_period_s=2.0, graceful_shutdown_timeout_s=5.0, max_constructor_retry_count=2,
         **options.scaling())
     ingress = serve.deployment(
@@ -64,17 +63,6 @@ def start(args: argparse.Namespace, settings: dict[str, Any], options: RayServeO
         ray_actor_options={"num_cpus": 0})
     app = ingress.bind(decoder.bind(args, board), board, args, settings)
     return serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config=QUIET)
-
-
-def replica_runtime_env(job: Mapping[str, Any] | None, env: Iterable[tuple[str, str]]) -> dict[str, Any]:
-    """The decoder replicas' runtime_env: the job's own (Serve gives a deployment the job's runtime_env only
-    where it sets none itself, so it is merged in here) with `env` added to its env_vars; nothing to set
-    when `env` is empty."""
-    env = dict(env)
-    if not env:
-        return {}
-    job = dict(job or {})
-    return {"runtime_env": {**job, "env_vars": {**(job.get("env_vars") or {}), **env}}}
 
 
 def running_http_address() -> tuple[str, int] | None:
