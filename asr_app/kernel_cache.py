@@ -34,6 +34,10 @@ class KernelCacheBound:
     def __str__(self) -> str:
         return f"{self.entries} ({self.source})"
 
+    def startup_note(self, device_type: str) -> str:
+        """What a service's startup line adds: the bound where oneDNN runs (a CPU), nothing elsewhere."""
+        return f"; CPU kernel cache {self}" if device_type == "cpu" else ""
+
 
 def add_kernel_cache_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu-kernel-cache", type=int, default=None, metavar="N",

@@ -19,6 +19,7 @@ import io
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -227,9 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     log = (tmp / "server.log").read_text()
     report["server_tracebacks"] = log.count("Traceback")
     report["onednn_kernels"] = onednn_kernels(log)
-    # what the server itself set (asr_app/kernel_cache.py): the bench's own environment does not show it
-    report["cpu_kernel_cache"] = next((line.split("CPU kernel cache ", 1)[1].split(";")[0]
-                                       for line in log.splitlines() if "CPU kernel cache " in line), None)
+    report["cpu_kernel_cache"] = server_kernel_cache(log)
     report["command"] = "python bench/serve_load.py " + " ".join(argv or sys.argv[1:])
     from report_io import result_path, save_results
     out = result_path(args.name)
@@ -237,6 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"problems: {len(report['problems'])}", *report["problems"][:20], sep="\n  ")
     print(f"wrote {out}")
     return 0
+
+
+def server_kernel_cache(log: str) -> str | None:
+    """The kernel-cache bound the server's startup line names (asr_app/kernel_cache.py): what the server set
+    itself, which the bench's own environment does not show."""
+    found = re.search(r"CPU kernel cache ([^;\n]+)", log)
+    return found.group(1) if found else None
 
 
 def onednn_kernels(log: str) -> dict | None:

@@ -107,8 +107,13 @@ PROBE = textwrap.dedent("""
 """)
 
 
+def _environment_without_a_bound() -> dict[str, str]:
+    """This process's environment for a child, without a kernel-cache bound the developer may have set."""
+    return {k: v for k, v in os.environ.items() if k not in VARIABLES}
+
+
 def _misses_after_start(bound: str, when: str) -> int:
-    env = {k: v for k, v in os.environ.items() if k not in VARIABLES}
+    env = _environment_without_a_bound()
     env["ONEDNN_VERBOSE"] = "profile_create"
     out = subprocess.run([sys.executable, "-c", PROBE, bound, when], capture_output=True, text=True, env=env,
                          cwd=REPO_ROOT, timeout=300, check=True).stdout
@@ -127,7 +132,7 @@ def test_asr_serve_sets_the_bound_before_it_loads_the_models(tmp_path):
     """With a bound of 2 a request repeated word for word compiles its kernels again (with oneDNN's own
     1024, or a bound set after the models' first kernels, it would find them in the cache)."""
     port, log_path = free_port(), tmp_path / "server.log"
-    env = {k: v for k, v in os.environ.items() if k not in VARIABLES}
+    env = _environment_without_a_bound()
     env.update(GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TMPDIR=str(tmp_path),
                ONEDNN_VERBOSE="profile_create")
     cmd = [sys.executable, "-m", "asr_app.serve.cli", "--target", str(TINY_EN_DIR), "--draft", str(DISTIL_DRAFT_DIR),

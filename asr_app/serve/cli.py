@@ -159,8 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_warm_up:
         warm_up(engine)
     app = build_app(engine, access, mount_ui=not args.no_ui)
-    cache = f"; CPU kernel cache {kernel_cache}" if decoder.pair.device.type == "cpu" else ""
-    print(f"models loaded: {engine.describe()}{cache}; serving on http://{args.host}:{args.port}", flush=True)
+    print(f"models loaded: {engine.describe()}{kernel_cache.startup_note(decoder.pair.device.type)}; serving on "
+          f"http://{args.host}:{args.port}", flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=10)
     finally:

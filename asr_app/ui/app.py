@@ -204,8 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     engine = UiEngine.from_decoder(decoder).sharing(schedule=args.temperature if len(args.temperature) > 1 else ())
     demo = build_app(engine)
-    cache = f"; CPU kernel cache {kernel_cache}" if decoder.pair.device.type == "cpu" else ""
-    print(f"models loaded: {engine.describe()}{cache}", flush=True)
+    print(f"models loaded: {engine.describe()}{kernel_cache.startup_note(decoder.pair.device.type)}", flush=True)
     # SIGTERM stops the app as Ctrl-C does: Gradio then closes its server, which deletes its upload cache, and
     # the process ends normally, so the atexit cleanup of our own folders runs too.
     signal.signal(signal.SIGTERM, _interrupt)
