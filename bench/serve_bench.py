@@ -13,6 +13,10 @@ re-decodes encoding their buffer plus --context seconds: `asr-serve --live-encod
 (the engine before the scheduler: every session's decode calls the one SpeculativeDecoder under one
 global lock, as ui/engine.py did).
 
+Long sessions (--stream-seconds S): each stream joins consecutive clips of the pool (0.5 s of silence
+between them) until it lasts S seconds, so that a session speaks past the streaming buffer's trim point
+(15 s) and its re-decodes carry its committed text as their prompt, as a person talking for a while does.
+
 API: --api-requests clips sent at once to /v1/audio/transcriptions (scheduler engine), wall time against
 the same clips sent one at a time, and the texts compared with asr-transcribe's (longform.transcribe).
 
@@ -186,9 +190,32 @@ def _q(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))] if values else None
 
 
-def load_clips(count: int, root: Path | None = None) -> list[tuple[np.ndarray, str]]:
+def load_clips(count: int, root: Path | None = None, stream_s: float | None = None) -> list[tuple[np.ndarray, str]]:
+    """`count` clips as PCM16 with their transcripts; with `stream_s`, `count` streams of consecutive clips
+    joined to at least that long (fewer where the pool runs out)."""
+    if stream_s is None:
+        return read_clips(clip_pool(count, root))
+    return join_clips(read_clips(clip_pool(10_000, root)), count, stream_s)
+
+
+def join_clips(clips: list[tuple[np.ndarray, str]], count: int, stream_s: float) -> list[tuple[np.ndarray, str]]:
+    """Consecutive clips joined, 0.5 s of silence between them, into at most `count` streams of at least
+    `stream_s` seconds each."""
+    gap = np.zeros(8_000, dtype="<i2")
+    streams, pcm, texts = [], [], []
+    for audio, text in clips:
+        pcm, texts = pcm + ([gap] if pcm else []) + [audio], texts + [text]
+        if sum(len(a) for a in pcm) >= stream_s * 16_000:
+            streams.append((np.concatenate(pcm), " ".join(texts)))
+            pcm, texts = [], []
+            if len(streams) == count:
+                break
+    return streams
+
+
+def read_clips(pool: list[tuple[Path, str]]) -> list[tuple[np.ndarray, str]]:
     out = []
-    for path, text in clip_pool(count, root):
+    for path, text in pool:
         audio, rate = sf.read(str(path), dtype="float32")
         audio = audio.mean(axis=1) if audio.ndim == 2 else audio
         audio = soxr.resample(audio, rate, 16_000) if rate != 16_000 else audio
@@ -220,14 +247,14 @@ def make_engine(name: str, decoder, streaming, context_s: float, sessions: int):
 
 
 def bench_streams(decoder, streaming, counts: list[int], engines: list[str], context_s: float,
-                  root: Path | None = None, cycle: bool = False) -> dict:
+                  root: Path | None = None, cycle: bool = False, stream_s: float | None = None) -> dict:
     from asr_app.wer import word_error_rate
-    clips = load_clips(max(counts), root)
+    clips = load_clips(max(counts), root, stream_s)
     distinct = len(clips)   # a repeated clip is streamed alone once
     clips = repeat(clips, max(counts), cycle)
     offline_wer = repeat(offline_wers(decoder, clips[:distinct]), len(clips))
     report: dict = {"clips_s": [round(len(p) / 16_000, 2) for p, _ in clips], "context_s": context_s,
-                    "distinct_clips": distinct, "offline_wer": offline_wer}
+                    "distinct_clips": distinct, "offline_wer": offline_wer, "stream_seconds": stream_s}
     for name in engines:
         engine = make_engine(name, decoder, streaming, context_s, max(counts))
         host, server = start_server(engine)
@@ -392,11 +419,14 @@ def streams_table(report: dict) -> str:
     clips = len(streams["clips_s"])
     distinct = streams.get("distinct_clips", clips)
     repeated = f" ({distinct} distinct, repeated)" if distinct < clips else ""
+    if streams.get("stream_seconds"):
+        repeated += f" (each real clips joined to {streams['stream_seconds']:g} s or more)"
     where = report.get("device", "cpu")
     where = report.get("cpu", "") if where == "cpu" else f"{where}, host {report.get('cpu', '')}"
     # runs before 2026-11-26 did not transcribe the clips whole: their tables keep seven columns
     offline = (" worst WER - whole clip |", "---|") if "offline_wer" in streams else ("", "")
-    lines = [f"tiny.en + distilled draft, `exact`, {report['threads']} threads, {clips} real clips{repeated} "
+    kind = "streams" if streams.get("stream_seconds") else "clips"
+    lines = [f"tiny.en + distilled draft, `exact`, {report['threads']} threads, {clips} real {kind}{repeated} "
              f"({sum(streams['clips_s']):.0f} s) streamed at real-time pace over the WebSocket; encoder context "
              f"{streams['context_s']:g} s for `scheduler+context`; {where}"
              + "".join(f"; {n}" for n in settings),
@@ -466,6 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--audio", type=Path, default=None,
                         help="clips with transcripts (default the shared audio; tests/data/audio travels to a GPU)")
     parser.add_argument("--cycle-clips", action="store_true", help="repeat the clips up to the largest N")
+    parser.add_argument("--stream-seconds", type=float, default=None, metavar="S",
+                        help="long sessions: each stream joins consecutive clips until it lasts S seconds")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--encoder-matmul-dtype", default="same", choices=ENCODER_MATMUL_DTYPES,
                         help="RuntimeOptions.encoder_matmul_dtype of the decoder every engine shares")
@@ -511,7 +543,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
 
     if counts:
         report["streams"] = bench_streams(decoder, StreamingOptions(), counts, args.engines.split(","),
-                                          args.context, args.audio, args.cycle_clips)
+                                          args.context, args.audio, args.cycle_clips, args.stream_seconds)
         save()
     if args.api_requests:
         report["api"] = bench_api(decoder, args.api_requests, args.audio, args.cycle_clips, args.api_rounds)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from asr_app.kernels.triton_support import HAS_TRITON
@@ -230,6 +231,21 @@ def test_serve_bench_tables_say_what_graphs_cost_and_which_answers_differed(monk
     assert bench.graph_figures(after, before) == {"workspaces": 3, "workspace_evictions": 0, "graph_evictions": 2,
                                                   "captures": 6, "capture_s": 0.5}
     assert bench.graph_figures(after)["captures"] == 16
+
+
+def test_serve_bench_joins_clips_into_long_sessions(monkeypatch):
+    """--stream-seconds: consecutive clips joined with 0.5 s of silence until each stream is long enough, their
+    transcripts joined in order; the table says so."""
+    bench = import_bench(monkeypatch, "serve_bench.py")
+    clips = [(np.full(n * 16_000, i + 1, dtype="<i2"), f"clip {i}") for i, n in enumerate([10, 4, 9, 30, 2, 3])]
+    streams = bench.join_clips(clips, count=8, stream_s=20)
+    assert [len(p) / 16_000 for p, _ in streams] == [24.0, 30.0]   # 10 + 4 + 9 and two gaps; 30 alone
+    assert [t for _, t in streams] == ["clip 0 clip 1 clip 2", "clip 3"]   # the last 5 s never reach 20 s
+    assert set(streams[0][0][10 * 16_000 : 10 * 16_000 + 8_000]) == {0}   # the silence between two clips
+    assert len(bench.join_clips(clips, count=1, stream_s=20)) == 1
+    report = {"threads": 2, "cpu": "x", "streams": {"clips_s": [24.0, 30.0], "context_s": 3.0, "stream_seconds": 20,
+                                                    "scheduler": {"streams": {}}}}
+    assert "2 real streams (each real clips joined to 20 s or more) (54 s)" in bench.streams_table(report)
 
 
 def test_identity_probe_finds_no_difference_in_fp32_on_the_cpu(tmp_path, monkeypatch, one_torch_thread):

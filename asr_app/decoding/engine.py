@@ -1,8 +1,8 @@
 """SpeculativeDecoder: the public entry point of decoding (options in, results out).
 
 It validates the input, builds Whisper's prompt, runs the encoder once per window (shared by target and
-draft when the draft is decoder-only), groups rows whose prompts have one length into lock-step batches
-and hands each to the loop (loop.py) with its workspace: the per-window decoder states of our own decoder
+draft when the draft is decoder-only), groups rows whose prompts can share a batch (`_prompt_group`: on a
+CPU prompts of any length, elsewhere of one length) and hands each to the loop (loop.py) with its workspace: the per-window decoder states of our own decoder
 runtime (asr_app/runtime) and, on a GPU, the CUDA graphs captured over them. Mode `hf` hands over to
 transformers instead (hf_mode.py). docs/ARCHITECTURE.md shows where each piece lives.
 """
