@@ -10,9 +10,8 @@ How the worker picks a batch (docs/serving.md):
 - fairness: one request per session per round; a session's further requests wait until every other
   session with work has had one;
 - compatibility: rows of one batch share their decoding options (mode, temperature, language, task,
-  timestamps, word timing), what the decoder needs of their prompts (`SpeculativeDecoder.batch_key`: on
-  a CPU, where rows keep their own lengths, the same start from <|startoftranscript|> on; with CUDA graphs,
-  one length) and whether they carry a hint; the rest wait for a later batch;
+  timestamps, word timing), the length of their prompts (the decoder's caches have one length) and
+  whether they carry a hint; the rest wait for a later batch;
 - size: the number of rows whose measured time per row is lowest on this device (`BatchSizer`); a size is
   tried only while the sizes below it kept paying, so a batch is never kept larger than its measured
   break-even. Each kind of work has its own sizer (`cost_class`: live or file, mode, encoder context,
@@ -147,7 +146,7 @@ class Scheduler:
         return future
 
     def _rows_key(self, options: DecodingOptions, prompt: Any) -> Any:
-        """What else rows must share to run in one batch: the decoder's say (`SpeculativeDecoder.batch_key`;
+        """What else rows must share to run in one lock-step batch: the decoder's say (prompts of one length;
         rows that differ are decoded one group after the other, which only delays the first group)."""
         batch_key = getattr(self.decoder, "batch_key", None)
         return batch_key(options, prompt) if batch_key is not None else None

@@ -56,45 +56,6 @@ def test_rows_reach_the_length_limit_at_their_own_steps(decoders, clips):  # noq
     assert [r.tokens for r in ragged.decode(clips, opts)] == alone
 
 
-# Earlier text of different lengths (a live session's committed words), and none.
-PROMPTS = ["And so my fellow Americans, ask not.", None, "He was not an ill-disposed young man, unless to be "
-           "rather cold-hearted and rather selfish is to be ill-disposed. He had been married young."]
-
-
-@pytest.mark.parametrize("mode, timestamps", [("exact", False), ("exact", True), ("off", True)])
-def test_rows_with_earlier_texts_of_different_lengths_share_a_batch_and_decode_as_alone(  # noqa: F811
-        decoders, clips, mode, timestamps):  # noqa: F811
-    """Prompts that differ before <|startoftranscript|> run as one ragged batch (each row's prompt aligned
-    on the right at its own positions): each row's tokens, target calls and no-speech probability are its
-    own alone. The lock-step decoder keeps them in groups of one prompt length (its caches have one)."""
-    ragged, lock_step = decoders
-    opts = DecodingOptions(mode=mode, timestamps=timestamps, gamma=4)
-    keys = {ragged.batch_key(opts, prompt) for prompt in PROMPTS}
-    assert len(keys) == 1 and len({lock_step.batch_key(opts, prompt) for prompt in PROMPTS}) == 3
-    alone = [ragged.decode([c], opts, prompts=[prompt])[0] for c, prompt in zip(clips, PROMPTS)]
-    batches = []
-    real = RaggedLoop.run
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(RaggedLoop, "run", lambda loop, batch: batches.append(len(batch.rows)) or real(loop, batch))
-        together = ragged.decode(clips, opts, prompts=PROMPTS)
-    assert batches == [3]   # one batch, not three groups of one
-    assert [r.tokens for r in together] == [r.tokens for r in alone]
-    assert [r.stats.target_calls for r in together] == [r.stats.target_calls for r in alone]
-    np.testing.assert_allclose([r.no_speech_prob for r in together], [r.no_speech_prob for r in alone],
-                               rtol=1e-4, atol=1e-6)
-    assert [r.tokens for r in lock_step.decode(clips, opts, prompts=PROMPTS)] == [r.tokens for r in alone]
-
-
-def test_rows_with_earlier_texts_leave_the_same_room_or_decode_apart(decoders):
-    """A prompt long enough to leave less room than max_new_tokens keeps its own limit: such rows share a
-    batch only with rows of that room."""
-    ragged, _ = decoders
-    opts = DecodingOptions(mode="exact", max_new_tokens=224)
-    long_text = list(range(300, 300 + 223))   # earlier tokens, as many as a prompt keeps
-    assert ragged.batch_key(opts, long_text)[1] < 224 == ragged.batch_key(opts, "Short.")[1]
-    assert ragged.batch_key(opts, "Short.") == ragged.batch_key(opts, "A longer earlier text than that.")
-
-
 def second_tokens(decoder, features, mode: str, seeds, **options) -> tuple[list[int], list]:
     """The second sampled token of 400 rows per seed (T = 1), and the results."""
     tokens, results = [], []

@@ -250,24 +250,6 @@ def test_live_first_one_row_per_session_and_same_texts(decoder):
     assert sum(len(b) for b in recording.batches) == 5
 
 
-def test_live_sessions_with_different_committed_text_can_share_a_batch(decoder):
-    """A live re-decode's prompt is its session's committed text, a different length in every session. Where
-    rows keep their own lengths (CPU, ragged.py) that no longer keeps them apart: all three are ready for
-    the first batch, and each text is its row's alone."""
-    scheduler = Scheduler(decoder, SchedulerOptions(max_rows=4))
-    options = DecodingOptions(mode="exact")
-    prompts = ["Printing, in the only sense with which we are at present concerned.", None, "Yes."]
-    alone = [decoder.decode([_clip(c)], options, prompts=[p])[0].text for c, p in zip(CLIPS, prompts)]
-    with scheduler.hold():
-        futures = [scheduler.submit(_clip(c), options, p, priority=LIVE, session=f"live-{i}")
-                   for i, (c, p) in enumerate(zip(CLIPS, prompts))]
-    texts = [f.result(120).text for f in futures]
-    choices = scheduler.metrics().choices
-    scheduler.close()
-    assert texts == alone
-    assert 3 in choices["live exact"], choices   # one batch's candidates, not three groups of one
-
-
 def test_an_empty_hint_is_no_hint(decoder):
     """A re-decode whose previous decode wrote nothing offers an empty hint: it batches with unhinted rows and
     is sized as one. (Counted as hinted, it joined hinted rows, and the decoder turned every row's hint off.)"""

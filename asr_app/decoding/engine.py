@@ -1,8 +1,8 @@
 """SpeculativeDecoder: the public entry point of decoding (options in, results out).
 
 It validates the input, builds Whisper's prompt, runs the encoder once per window (shared by target and
-draft when the draft is decoder-only), groups rows whose prompts can share a batch (`_prompt_group`: on a
-CPU prompts of any length, elsewhere of one length) and hands each to the loop (loop.py) with its workspace: the per-window decoder states of our own decoder
+draft when the draft is decoder-only), groups rows whose prompts have one length into lock-step batches
+and hands each to the loop (loop.py) with its workspace: the per-window decoder states of our own decoder
 runtime (asr_app/runtime) and, on a GPU, the CUDA graphs captured over them. Mode `hf` hands over to
 transformers instead (hf_mode.py). docs/ARCHITECTURE.md shows where each piece lives.
 """
@@ -161,22 +161,13 @@ class SpeculativeDecoder:
         return self._decode(features, options, prompts, [WINDOW_SECONDS] * features.shape[0], hints)
 
     def batch_key(self, options: DecodingOptions | None, prompt: str | Sequence[int] | None) -> tuple[int, int]:
-        """Rows whose keys (and options) are equal decode in one batch (`_prompt_group`). A scheduler groups
-        requests by it (asr_app/scheduler.py)."""
+        """Rows whose keys (and options) are equal decode in one lock-step batch: their prompts have one length
+        and the same start position. A scheduler groups requests by it (asr_app/scheduler.py)."""
         opts = options or self.options
         built = build_prompt(self.generation_config, self.tokenizer, language=opts.language, task=opts.task,
                              timestamps=opts.timestamps, previous_text=prompt,
                              max_target_positions=self.max_positions)
-        return self._prompt_group(built, opts)
-
-    def _prompt_group(self, prompt: Prompt, opts: DecodingOptions) -> tuple[int, int]:
-        """What rows' prompts must share to decode in one batch. Where each row keeps its own length (ragged
-        batches), only the part from <|startoftranscript|> on and the room left for new tokens: the earlier
-        text before it may differ, so live sessions with different committed text share a batch (ragged.py).
-        Elsewhere (the lock-step loop, captured graphs) the caches have one length: one length and one start."""
-        if self._rows_keep_own_lengths():
-            return len(prompt.tokens) - prompt.sot_index, min(opts.max_new_tokens, self.max_positions - len(prompt.tokens))
-        return len(prompt.tokens), prompt.sot_index
+        return len(built.tokens), built.sot_index
 
     # ------------------------------------------------------------------ batching
     def _decode(self, feats, options, prompts, windows, hints=None, redo: bool = True) -> list[DecodingResult]:
@@ -203,9 +194,10 @@ class SpeculativeDecoder:
                 results[i] = self._decode_hf(feats[i : i + 1], built[i], reseeded(opts, "row", i) if i else opts,
                                              windows[i])
             return results  # type: ignore[return-value]
+        # Rows of one lock-step batch need prompts of one length (the caches have one length).
         groups: dict[tuple[int, int], list[int]] = {}
         for i, p in enumerate(built):
-            groups.setdefault(self._prompt_group(p, opts), []).append(i)
+            groups.setdefault((len(p.tokens), p.sot_index), []).append(i)
         for k, rows in enumerate(groups.values()):
             prompt_rows = [built[i] for i in rows]
             # each group its own stream (the first keeps the seed: a lone row draws as transformers would)
@@ -393,7 +385,7 @@ class SpeculativeDecoder:
         if opts.temperature > 0:
             generator = torch.Generator(device=device)
             generator.manual_seed(opts.seed)
-        prompt_len = max(len(p.tokens) for p in prompts)   # one room for every row (`_prompt_group`)
+        prompt_len = len(prompts[0].tokens)
         max_len = min(opts.max_new_tokens, self.max_positions - prompt_len)
         if max_len < 1:
             raise ValueError(f"prompt of {prompt_len} tokens leaves no room in {self.max_positions} positions")
@@ -423,8 +415,7 @@ class SpeculativeDecoder:
         shared = self.pair.shared_encoder if speculative else False
         state = BatchState(
             rows=list(range(batch)), done=[False] * batch,
-            history=prompt_history(prompts, device), prompt_lengths=[len(p.tokens) for p in prompts],
-            sot_indices=[p.sot_index for p in prompts],
+            history=torch.tensor([list(p.tokens) for p in prompts], dtype=torch.long, device=device),
             rules=RuleState.initial(batch, device),
             stats=[DecodingStats(mode=opts.mode, shared_encoder=shared) for _ in range(batch)],
             out_tokens=[[] for _ in range(batch)], logprob_sum=[0.0] * batch, logprob_count=[0] * batch,
@@ -461,11 +452,9 @@ class SpeculativeDecoder:
 
     def _loop_class(self, batch: int) -> type[SpeculativeLoop]:
         """Rows that keep their own accepted drafts (ragged.py) where steps run eagerly on unfused layers."""
-        return RaggedLoop if batch > 1 and self._rows_keep_own_lengths() else SpeculativeLoop
-
-    def _rows_keep_own_lengths(self) -> bool:
         unfused = not self.target_runtime.fused_layers and not (self.draft_runtime and self.draft_runtime.fused_layers)
-        return self.runtime.ragged_batches and self.graph_mode == "eager" and unfused
+        ragged = self.runtime.ragged_batches and batch > 1 and self.graph_mode == "eager" and unfused
+        return RaggedLoop if ragged else SpeculativeLoop
 
     def _add_words(self, result: DecodingResult, encoder_hidden: torch.Tensor, prompt: Prompt, window: float,
                    probabilities: bool, cross: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
@@ -491,14 +480,6 @@ class SpeculativeDecoder:
 
     def _language_code(self, token: int) -> str:
         return next(key for key, value in self.generation_config.lang_to_id.items() if value == token).strip("<|>")
-
-
-def prompt_history(prompts: Sequence[Prompt], device: torch.device) -> torch.Tensor:
-    """The rows' prompts [B, longest], padded on the right (a ragged batch's rows have their own lengths)."""
-    history = torch.zeros((len(prompts), max(len(p.tokens) for p in prompts)), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        history[i, : len(p.tokens)] = torch.tensor(p.tokens)
-    return history.to(device)
 
 
 def _add_costs(result: DecodingResult, discarded: DecodingResult) -> None:

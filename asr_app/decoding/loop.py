@@ -82,10 +82,6 @@ class BatchState:
     tracker: HintTracker | None = None
     hint_steps_left: int = HintTracker.MAX_STEPS
     generated: int = 0
-    # Each row's prompt length and <|startoftranscript|> index; the lock-step loop's rows share both, a ragged
-    # batch's rows may differ in the text before <|startoftranscript|> (decoding/ragged.py).
-    prompt_lengths: list[int] | None = None
-    sot_indices: list[int] | None = None
 
     @property
     def active(self) -> list[int]:

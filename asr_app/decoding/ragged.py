@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from asr_app.decoding.loop import BatchState, Proposal, SpeculativeLoop
-from asr_app.decoding.steps import no_speech_probability, rules_count, state_tensors
+from asr_app.decoding.steps import rules_count, state_tensors
 from asr_app.runtime.ops import visible_keys
 
 
@@ -38,10 +38,7 @@ class RaggedLoop(SpeculativeLoop):
         if not self.eager or self.steps.target.fused_layers:
             raise ValueError("ragged batches run eagerly on unfused layers only")
         rows, prompt = batch.history.shape
-        # history tokens per row (batch.history is padded on the right)
-        self.lengths = list(batch.prompt_lengths) if batch.prompt_lengths else [prompt] * rows
-        # history tokens per row the draft never reads (its earlier text: SpeculativeLoop.draft_skip)
-        self.skips = list(batch.sot_indices) if batch.sot_indices else [self.draft_skip] * rows
+        self.lengths = [prompt] * rows        # history tokens per row (batch.history is padded on the right)
         self.target_lengths = [0] * rows      # target cache slots holding the row's history
         self.draft_lengths = [0] * rows       # draft cache slots holding the row's history after draft_skip
         self.row_generated = [0] * rows
@@ -49,8 +46,8 @@ class RaggedLoop(SpeculativeLoop):
 
     # ------------------------------------------------------------------ 1. propose
     def _draft(self, b: BatchState, gamma: int, hints: list[list[int]] | None = None) -> Proposal:
-        steps = self.steps
-        feeds = [n - skip - d for n, skip, d in zip(self.lengths, self.skips, self.draft_lengths)]
+        steps, skip = self.steps, self.draft_skip
+        feeds = [n - skip - d for n, d in zip(self.lengths, self.draft_lengths)]
         ids, positions, last = self._draft_feed(b, feeds)
         rows = len(feeds)
         following = torch.tensor([d + c for d, c in zip(self.draft_lengths, feeds)], device=self.device)
@@ -80,11 +77,11 @@ class RaggedLoop(SpeculativeLoop):
     def _draft_feed(self, b: BatchState, feeds: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The draft's first call of a step: each row's history tokens missing from its cache, padded on the
         right to the longest (ids [B, C], positions [B, C]), and the column of each row's last one [B]."""
-        width = max(feeds)
+        width, skip = max(feeds), self.draft_skip
         slots = self.steps.ws.draft.self_k.shape[3]
         ids = torch.zeros((len(feeds), width), dtype=torch.long, device=self.device)
         positions = torch.full((len(feeds), width), slots - 1, dtype=torch.long)
-        for i, (skip, start, count) in enumerate(zip(self.skips, self.draft_lengths, feeds)):
+        for i, (start, count) in enumerate(zip(self.draft_lengths, feeds)):
             ids[i, :count] = b.history[i, skip + start : skip + start + count]
             positions[i, :count] = torch.arange(start, start + count)
         last = torch.tensor([c - 1 for c in feeds], device=self.device)
@@ -97,10 +94,8 @@ class RaggedLoop(SpeculativeLoop):
 
     # ------------------------------------------------------------------ 2. score and verify
     def score_and_verify(self, b: BatchState, p: Proposal) -> dict[str, torch.Tensor]:
-        if b.generated == 0 and len(set(self.lengths)) == 1:  # the prompt's step, prompts of one length
+        if b.generated == 0:  # the prompt's step: every row has the same prompt and empty caches
             return super().score_and_verify(b, p)
-        if b.generated == 0:
-            return self._prompts_step(b, p)
         if any(n - t != 1 for n, t in zip(self.lengths, self.target_lengths)):
             raise RuntimeError("after the prompt's step every row has exactly one token pending")
         rows = len(self.lengths)
@@ -115,30 +110,6 @@ class RaggedLoop(SpeculativeLoop):
                              proposals=p.gamma, generated=rules_count(b.generated))
         self.timings.target_s += self.timings.lap()
         return self._check(logits, ids[:, 1:], check_inputs, mode, p.gamma)
-
-    def _prompts_step(self, b: BatchState, p: Proposal) -> dict[str, torch.Tensor]:
-        """The prompt's step where prompts differ in length (the text before <|startoftranscript|>: a live
-        session's committed words). Each row's prompt is aligned on the right, at its own positions, so its
-        <|startoftranscript|> and its proposals share columns with every other row's, and the lock-step
-        prompt step's scoring and verification apply as they are; the padding on the left is written to the
-        cache's last slot, as the draft's feeds are (module doc)."""
-        rows, width = len(self.lengths), max(self.lengths)
-        slots = self.steps.ws.target.self_k.shape[3]
-        ids = torch.zeros((rows, width), dtype=torch.long, device=self.device)
-        positions = torch.full((rows, width + p.gamma), slots - 1, dtype=torch.long)
-        for i, n in enumerate(self.lengths):
-            ids[i, width - n :] = b.history[i, :n]
-            positions[i, width - n :] = torch.arange(n + p.gamma)
-        if p.tokens is not None:
-            ids = torch.cat([ids, p.tokens], dim=1)
-        positions, span = positions.to(self.device), width + p.gamma
-        mode, check_inputs = self._verify_inputs(p, rows)
-        hidden = self.steps.target.forward(self.steps.ws.target, ids, positions, span, visible_keys(positions, span))
-        sot_column = width - (self.lengths[0] - self.skips[0])   # the same for every row (engine._prompt_group)
-        logits, sot_logits = self.steps.score_hidden(hidden, ids, p.gamma, b.rules, sot_column)
-        b.no_speech = no_speech_probability(sot_logits, self.no_speech_id)
-        self.timings.target_s += self.timings.lap()
-        return self._check(logits, ids[:, ids.shape[1] - p.gamma :], check_inputs, mode, p.gamma)
 
     # ------------------------------------------------------------------ 3. commit
     def commit(self, b: BatchState, p: Proposal, result: dict[str, torch.Tensor]) -> list[int]:
@@ -162,7 +133,7 @@ class RaggedLoop(SpeculativeLoop):
         b.rules = self.steps.target_rules.advance_rows(b.rules, kept, torch.tensor(counts, device=self.device))
         for i, (count, taken) in enumerate(zip(counts, accepted)):
             if p.drafted:  # the draft fed the pending tokens and its first drafted - 1 drafts
-                self.draft_lengths[i] = self.lengths[i] - self.skips[i] + min(taken, p.drafted - 1)
+                self.draft_lengths[i] = self.lengths[i] - self.draft_skip + min(taken, p.drafted - 1)
             self.lengths[i] += count
             self.target_lengths[i] = self.lengths[i] - 1
             self.row_generated[i] += count
@@ -185,7 +156,7 @@ class RaggedLoop(SpeculativeLoop):
     def drop_finished(self, b: BatchState, finished: list[int]) -> None:
         if finished:
             alive = [i for i in range(len(self.lengths)) if i not in finished]
-            for name in ("lengths", "skips", "target_lengths", "draft_lengths", "row_generated"):
+            for name in ("lengths", "target_lengths", "draft_lengths", "row_generated"):
                 values = getattr(self, name)
                 setattr(self, name, [values[i] for i in alive])
         super().drop_finished(b, finished)

@@ -3,7 +3,7 @@ Ray Serve's own `@serve.batch` instead of the serving scheduler (docs/scale.md c
 
 `@serve.batch` hands the method the calls that arrived within a short wait, up to a size, in arrival order.
 It does not know which rows can run in one lock-step batch, so the rows are grouped here by what must be
-equal (options, the decoder's `batch_key` of the prompt, a hint or none) and each group is decoded in turn; it has no priorities
+equal (options, prompt length, a hint or none) and each group is decoded in turn; it has no priorities
 (live rows wait behind file windows) and no per-session fairness. Imported only when chosen: it needs Ray
 Serve at import time.
 """
