@@ -254,7 +254,8 @@ def bench_streams(decoder, streaming, counts: list[int], engines: list[str], con
     clips = repeat(clips, max(counts), cycle)
     offline_wer = repeat(offline_wers(decoder, clips[:distinct]), len(clips))
     report: dict = {"clips_s": [round(len(p) / 16_000, 2) for p, _ in clips], "context_s": context_s,
-                    "distinct_clips": distinct, "offline_wer": offline_wer, "stream_seconds": stream_s}
+                    "distinct_clips": distinct, "offline_wer": offline_wer, "stream_seconds": stream_s,
+                    "trim_s": streaming.trim_s}
     for name in engines:
         engine = make_engine(name, decoder, streaming, context_s, max(counts))
         host, server = start_server(engine)
@@ -421,6 +422,8 @@ def streams_table(report: dict) -> str:
     repeated = f" ({distinct} distinct, repeated)" if distinct < clips else ""
     if streams.get("stream_seconds"):
         repeated += f" (each real clips joined to {streams['stream_seconds']:g} s or more)"
+    if streams.get("trim_s", 15.0) != 15.0:
+        repeated += f", buffers trimmed past {streams['trim_s']:g} s"
     where = report.get("device", "cpu")
     where = report.get("cpu", "") if where == "cpu" else f"{where}, host {report.get('cpu', '')}"
     # runs before 2026-11-26 did not transcribe the clips whole: their tables keep seven columns
@@ -496,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--audio", type=Path, default=None,
                         help="clips with transcripts (default the shared audio; tests/data/audio travels to a GPU)")
     parser.add_argument("--cycle-clips", action="store_true", help="repeat the clips up to the largest N")
+    parser.add_argument("--trim-seconds", type=float, default=None, metavar="S",
+                        help="StreamingOptions.trim_s of every live session (default its own, 15)")
     parser.add_argument("--stream-seconds", type=float, default=None, metavar="S",
                         help="long sessions: each stream joins consecutive clips until it lasts S seconds")
     parser.add_argument("--device", default="cpu")
@@ -542,7 +547,8 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         print(f"wrote {out}", flush=True)
 
     if counts:
-        report["streams"] = bench_streams(decoder, StreamingOptions(), counts, args.engines.split(","),
+        streaming = StreamingOptions() if args.trim_seconds is None else StreamingOptions(trim_s=args.trim_seconds)
+        report["streams"] = bench_streams(decoder, streaming, counts, args.engines.split(","),
                                           args.context, args.audio, args.cycle_clips, args.stream_seconds)
         save()
     if args.api_requests:
