@@ -195,7 +195,10 @@ def load_clips(count: int, root: Path | None = None, stream_s: float | None = No
     joined to at least that long (fewer where the pool runs out)."""
     if stream_s is None:
         return read_clips(clip_pool(count, root))
-    return join_clips(read_clips(clip_pool(10_000, root)), count, stream_s)
+    streams = join_clips(read_clips(clip_pool(10_000, root)), count, stream_s)
+    if not streams:
+        raise SystemExit(f"serve_bench: the clips make no stream of {stream_s:g} s")
+    return streams
 
 
 def join_clips(clips: list[tuple[np.ndarray, str]], count: int, stream_s: float) -> list[tuple[np.ndarray, str]]:
@@ -250,6 +253,9 @@ def bench_streams(decoder, streaming, counts: list[int], engines: list[str], con
                   root: Path | None = None, cycle: bool = False, stream_s: float | None = None) -> dict:
     from asr_app.wer import word_error_rate
     clips = load_clips(max(counts), root, stream_s)
+    if stream_s is not None and len(clips) < max(counts) and not cycle:
+        raise SystemExit(f"serve_bench: the clips make {len(clips)} streams of {stream_s:g} s, not "
+                         f"{max(counts)} (--cycle-clips repeats them)")
     distinct = len(clips)   # a repeated clip is streamed alone once
     clips = repeat(clips, max(counts), cycle)
     offline_wer = repeat(offline_wers(decoder, clips[:distinct]), len(clips))
@@ -421,9 +427,7 @@ def streams_table(report: dict) -> str:
     distinct = streams.get("distinct_clips", clips)
     repeated = f" ({distinct} distinct, repeated)" if distinct < clips else ""
     if streams.get("stream_seconds"):
-        repeated += f" (each real clips joined to {streams['stream_seconds']:g} s or more)"
-    if streams.get("trim_s", 15.0) != 15.0:
-        repeated += f", buffers trimmed past {streams['trim_s']:g} s"
+        repeated += f" (consecutive real clips joined, 0.5 s apart, to {streams['stream_seconds']:g} s or more)"
     where = report.get("device", "cpu")
     where = report.get("cpu", "") if where == "cpu" else f"{where}, host {report.get('cpu', '')}"
     # runs before 2026-11-26 did not transcribe the clips whole: their tables keep seven columns
@@ -451,7 +455,9 @@ def streams_table(report: dict) -> str:
 
 
 def changed_settings(report: dict) -> list[str]:
-    """A phrase for each setting the run changed from its default: bf16 encoder products, the switch interval."""
+    """A phrase for each setting the run changed from its default: bf16 encoder products, the switch interval,
+    the kernel cache, the live buffers' trim point."""
+    from asr_app.streaming import StreamingOptions
     notes = []
     if report.get("encoder_matmul_dtype") == "bfloat16":
         notes.append("encoder products in bf16 (`--encoder-matmul-dtype bfloat16`)")
@@ -461,6 +467,9 @@ def changed_settings(report: dict) -> list[str]:
     cache = report.get("cpu_kernel_cache")
     if cache is not None and not cache.endswith("(default)"):
         notes.append(f"CPU kernel cache {cache}")
+    trim = report.get("streams", {}).get("trim_s")
+    if trim is not None and trim != StreamingOptions().trim_s:
+        notes.append(f"buffers trimmed past {trim:g} s (`--trim-seconds {trim:g}`)")
     return notes
 
 
@@ -502,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trim-seconds", type=float, default=None, metavar="S",
                         help="StreamingOptions.trim_s of every live session (default its own, 15)")
     parser.add_argument("--stream-seconds", type=float, default=None, metavar="S",
-                        help="long sessions: each stream joins consecutive clips until it lasts S seconds")
+                        help="long sessions: each stream joins consecutive clips until it lasts S seconds (with "
+                             "--cycle-clips, copies of a stream start together with the same audio: easy to batch)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--encoder-matmul-dtype", default="same", choices=ENCODER_MATMUL_DTYPES,
                         help="RuntimeOptions.encoder_matmul_dtype of the decoder every engine shares")
@@ -513,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (problem := kernel_cache_problem(args.cpu_kernel_cache)) is not None:
         parser.error(problem)
+    if args.trim_seconds is not None and not 0 < args.trim_seconds <= 30:
+        parser.error(f"--trim-seconds must lie in (0, 30], got {args.trim_seconds:g}")
     default_interval = sys.getswitchinterval()
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1000)

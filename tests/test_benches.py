@@ -233,7 +233,7 @@ def test_serve_bench_tables_say_what_graphs_cost_and_which_answers_differed(monk
     assert bench.graph_figures(after)["captures"] == 16
 
 
-def test_serve_bench_joins_clips_into_long_sessions(monkeypatch):
+def test_serve_bench_joins_clips_into_long_sessions(monkeypatch, capsys):
     """--stream-seconds: consecutive clips joined with 0.5 s of silence until each stream is long enough, their
     transcripts joined in order; the table says so."""
     bench = import_bench(monkeypatch, "serve_bench.py")
@@ -243,9 +243,19 @@ def test_serve_bench_joins_clips_into_long_sessions(monkeypatch):
     assert [t for _, t in streams] == ["clip 0 clip 1 clip 2", "clip 3"]   # the last 5 s never reach 20 s
     assert set(streams[0][0][10 * 16_000 : 10 * 16_000 + 8_000]) == {0}   # the silence between two clips
     assert len(bench.join_clips(clips, count=1, stream_s=20)) == 1
+    exact = bench.join_clips(clips[:2], count=8, stream_s=14.5)   # 10 s + 0.5 s + 4 s: exactly long enough
+    assert len(exact) == 1 and len(exact[0][0]) == 14.5 * 16_000
+    assert bench.join_clips(clips[4:], count=8, stream_s=20) == []
     report = {"threads": 2, "cpu": "x", "streams": {"clips_s": [24.0, 30.0], "context_s": 3.0, "stream_seconds": 20,
-                                                    "scheduler": {"streams": {}}}}
-    assert "2 real streams (each real clips joined to 20 s or more) (54 s)" in bench.streams_table(report)
+                                                    "trim_s": 15.0, "scheduler": {"streams": {}}}}
+    table = bench.streams_table(report)
+    assert "2 real streams (consecutive real clips joined, 0.5 s apart, to 20 s or more) (54 s)" in table
+    assert "trimmed" not in table
+    report["streams"]["trim_s"] = 8.0
+    assert "; buffers trimmed past 8 s (`--trim-seconds 8`)" in bench.streams_table(report)
+    with pytest.raises(SystemExit):
+        bench.main(["--trim-seconds", "0"])
+    assert "--trim-seconds must lie in (0, 30], got 0" in capsys.readouterr().err
 
 
 def test_identity_probe_finds_no_difference_in_fp32_on_the_cpu(tmp_path, monkeypatch, one_torch_thread):
