@@ -278,11 +278,13 @@ def bench_streams(decoder, streaming, counts: list[int], engines: list[str], con
             results = run_streams(host, clips[:n])
             rows[n] = summarise(results, [t for _, t in clips[:n]], alone_wer[:n], offline_wer[:n])
             rows[n]["graphs"] = graph_figures(engine.scheduler.metrics(), before)   # made while N streamed
+            rows[n]["texts"] = [r["text"] for r in results]   # what a WER jump lost, to read afterwards
             print(f"{name:18s} N={n}: p50 {rows[n]['p50_s']:.2f} s, p90 {rows[n]['p90_s']:.2f} s, "
                   f"max {rows[n]['max_s']:.2f} s, WER-alone max {rows[n]['wer_minus_alone_max']:+.3f}, "
                   f"WER-offline max {rows[n]['wer_minus_offline_max']:+.3f}", flush=True)
         metrics = engine.scheduler.metrics()
         report[name] = {"alone_wer": alone_wer, "alone": alone_lat, "streams": rows,
+                        "alone_texts": [r["text"] for r in alone[:distinct]],
                         "batches_by_rows": metrics.rows_per_batch, "sizer_s_per_row": metrics.sizer,
                         "choices": metrics.choices,   # kind -> rows ready -> rows taken -> batches
                         **batch_samples(metrics.samples),   # the latest batches: why each size won
