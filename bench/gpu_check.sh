@@ -2,7 +2,8 @@
 # The GPU measurements the runtime issue asks for, in the order a lent GPU should spend its minutes on them,
 # each stage under its own time limit, logs and JSON packed into $OUT (what comes back from the device machine).
 #
-#   bash bench/gpu_check.sh tests     # tests/test_gpu.py (fused-layer tests first); real pair if /tmp/models
+#   bash bench/gpu_check.sh tests     # tests/test_gpu.py (fused-layer tests first; real pair if /tmp/models), then
+#                                     # capture_gc_probe: a garbage collection inside a CUDA-graph capture
 #   bash bench/gpu_check.sh large     # runtime_bench large-v2, fused rows beside the unfused ones
 #   bash bench/gpu_check.sh profile   # step_profile large-v2 fused: each product, fused vs unfused vs cuBLAS
 #   bash bench/gpu_check.sh tiny      # runtime_bench on the real tiny.en pair (needs /tmp/models)
@@ -64,6 +65,8 @@ run_tests() {
     real_models && export ASR_APP_TEST_MODELS="$MODELS"
     stage tests_fused 240 python3 -m pytest -q -rs tests/test_gpu.py -k fused
     stage tests_gpu 300 python3 -m pytest -q -rs tests/test_gpu.py -k "not fused"
+    # whether a garbage collection inside a capture breaks it, with and without the pause (seconds)
+    stage capture_gc 120 python3 bench/capture_gc_probe.py --out "$RESULTS/capture_gc_probe.json"
 }
 
 run_large() {  # with the real pair in the same run: the projection uses its measured tokens per target call

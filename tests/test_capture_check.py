@@ -10,6 +10,7 @@ is tests/test_runtime.py's (every mode, timestamps on and off, batched rows, sam
 from __future__ import annotations
 
 import contextlib
+import gc
 
 import numpy as np
 import pytest
@@ -148,3 +149,70 @@ def test_the_check_holds_only_on_its_own_thread():
         with pytest.raises(HostReadError):
             x.tolist()
     assert seen == [[0, 1, 2]]
+
+
+class _Finalised:
+    """An object in a reference cycle that records when the collector frees it."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.me, self.log = self, log
+
+    def __del__(self) -> None:
+        self.log.append("freed")
+
+
+def test_no_collection_runs_while_a_capture_has_the_collector_paused():
+    log: list[str] = []
+    gc.collect()
+    _Finalised(log)  # garbage only the cyclic collector can free
+    with graphs.cyclic_gc_paused():
+        assert not gc.isenabled()
+        for _ in range(50_000):  # far more allocations than a collection waits for
+            [object()]
+        assert log == []
+    assert gc.isenabled()
+    gc.collect()
+    assert log == ["freed"]  # the garbage was only waiting
+
+
+def test_the_collector_resumes_after_the_last_of_nested_and_concurrent_pauses():
+    import threading
+
+    assert gc.isenabled()
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = []
+
+    def second() -> None:
+        first_in.wait(10)
+        with graphs.cyclic_gc_paused():
+            second_in.set()
+            first_out.wait(10)
+            seen.append(gc.isenabled())  # the first capture's end must not resume it under this one
+
+    worker = threading.Thread(target=second)
+    worker.start()
+    try:
+        with graphs.cyclic_gc_paused():
+            with graphs.cyclic_gc_paused():
+                pass
+            inner_left = gc.isenabled()  # the inner pause ended, the outer one holds
+            first_in.set()
+            second_in.wait(10)
+    finally:
+        first_in.set()
+        first_out.set()
+        worker.join(10)
+    assert inner_left is False and seen == [False] and gc.isenabled()
+    with pytest.raises(KeyError), graphs.cyclic_gc_paused():
+        raise KeyError("a failed capture")
+    assert gc.isenabled()
+
+
+def test_a_program_that_disabled_the_collector_keeps_it_disabled():
+    gc.disable()
+    try:
+        with graphs.cyclic_gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

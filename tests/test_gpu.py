@@ -117,6 +117,35 @@ def test_cuda_graphs_with_hints_and_a_second_window(cuda_pair, clips):
     assert graphed.decode(clips[0], opts)[0].tokens == plain.tokens  # the workspace's graphs replayed again
 
 
+def test_a_capture_holds_while_an_old_graph_is_garbage_and_the_collector_runs_at_every_allocation():
+    # runtime/graphs.cyclic_gc_paused: a collection inside a capture could free the old graph there, a CUDA
+    # call the capture forbids (bench/capture_gc_probe.py measures what happens without the pause)
+    import gc
+    import weakref
+
+    from asr_app.runtime.graphs import StepRunner
+
+    def step(*, positions, span, mask, x):
+        return {"y": torch.relu(x * 2 + positions.float().sum()) + 1}
+
+    gc.collect()
+    old = StepRunner("cuda", 8)
+    old.run(("old",), step, {"x": torch.ones(4096, device=CUDA)}, 0, 1)
+    old.cycle = old  # only the collector can free it
+    alive = weakref.ref(old)
+    del old
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        x = torch.full((4096,), 3.0, device=CUDA)
+        out = StepRunner("cuda", 8).run(("new",), step, {"x": x}, 2, 1)["y"]
+    finally:
+        gc.set_threshold(*thresholds)
+    assert torch.equal(out, torch.relu(x * 2 + 2) + 1)
+    gc.collect()
+    assert alive() is None  # the garbage was freed once the capture was over
+
+
 @torch.inference_mode()
 def test_sampling_with_cuda_graphs_repeats_for_a_seed(cuda_pair, clips):
     graphed = SpeculativeDecoder(cuda_pair, runtime=UNFUSED)

@@ -23,6 +23,8 @@ replay that follows, because the inputs are already loaded.
 from __future__ import annotations
 
 import contextlib
+import gc
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -127,6 +129,38 @@ def no_host_reads() -> Iterator[None]:
         yield
 
 
+_collector_lock = threading.Lock()
+_collector_pauses = 0            # captures under way, in any thread
+_collector_was_enabled = True    # the collector's state before the first of them
+
+
+@contextlib.contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Hold off Python's cyclic garbage collector, in every thread, while the block runs; nested and concurrent
+    uses count, and the last one out puts the collector back as it found it (a program that disabled it keeps
+    it disabled).
+
+    Why, around a CUDA-graph capture: a collection can run at any allocation, and a dead cycle may hold an old
+    decoder's graphs, their memory pool and its tensors. Freeing those inside a capture makes CUDA calls the
+    capture forbids; the capture is invalidated without an error there, and the next launch fails with
+    "operation failed due to a previous error during capture". PyTorch no longer collects before a capture
+    (`torch.compiler.config.force_cudagraph_gc`), so whether a capture fails would depend on when the
+    collector happens to run. Paused, the garbage waits for the next collection after the capture."""
+    global _collector_pauses, _collector_was_enabled
+    with _collector_lock:
+        if _collector_pauses == 0:
+            _collector_was_enabled = gc.isenabled()
+            gc.disable()
+        _collector_pauses += 1
+    try:
+        yield
+    finally:
+        with _collector_lock:
+            _collector_pauses -= 1
+            if _collector_pauses == 0 and _collector_was_enabled:
+                gc.enable()
+
+
 class BakedValueError(RuntimeError):
     """A captured step was called again under its key with a different plain (non-tensor) argument: the
     graph would replay the value it was captured with."""
@@ -191,7 +225,7 @@ class _Captured:
         # The workspace's graphs share one memory pool (its replays run one after another on one stream, so
         # one graph's temporaries may reuse another's), and the capture ignores other threads' CUDA work
         # (the web app serves several sessions).
-        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
+        with cyclic_gc_paused(), torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             self.outputs = self._body()
         stream.synchronize()   # the warm-up runs on the side stream, which this stream waited for
         self.capture_s = time.perf_counter() - started
