@@ -192,30 +192,56 @@ class LocalAgreement(CommitPolicy):
     """LocalAgreement-2: commit the longest common prefix of the last two hypotheses, up to the first
     word that ends within `edge_s` of the buffer's end. At short steps two hypotheses come from nearly
     the same audio and may agree on a word cut off at the edge ("in" of "into"); held back, it is
-    compared again once more audio has come."""
+    compared again once more audio has come.
+
+    With `settle_s`, the words after the agreed ones that the previous hypothesis could not have agreed on,
+    because they end past that hypothesis' buffer less `edge_s`, are committed from one hypothesis once they
+    end `settle_s` before the buffer's end. That happens only after a large step:
+    a decoder that falls behind (a loaded server) re-decodes seconds of new audio at once, and waiting for a
+    second hypothesis of those words costs another whole round of everyone's re-decodes. At steps shorter than
+    `settle_s - edge_s` no word qualifies, so a stream the decoder keeps up with commits as before."""
 
     name = "local-agreement"
 
-    def __init__(self, edge_s: float = EDGE_S) -> None:
+    def __init__(self, edge_s: float = EDGE_S, settle_s: float | None = None) -> None:
         super().__init__()
+        if settle_s is not None and settle_s <= edge_s:
+            raise ValueError(f"settle_s must exceed edge_s ({edge_s:g} s), got {settle_s:g}")
         self.edge_s = edge_s
+        self.settle_s = settle_s
         self._previous: list[Word] | None = None
+        self._previous_end = float("-inf")   # the buffer's end when the previous hypothesis was decoded
 
     def insert(self, hypothesis: Sequence[Word], buffer_end: float = float("inf")) -> list[Word]:
         new = self._uncommitted_part(hypothesis)
         agreed: list[Word] = []
-        if self._previous is not None:
-            for old, cur in zip(self._previous, new):
-                if old.key != cur.key or cur.end > buffer_end - self.edge_s:
-                    break
-                agreed.append(cur)
+        previous = self._previous or []
+        for old, cur in zip(previous, new):
+            if old.key != cur.key or cur.end > buffer_end - self.edge_s:
+                break
+            agreed.append(cur)
+        if self.settle_s is not None:
+            agreed += self._settled_unheard(new[len(agreed):], buffer_end)
         committed = self._commit(agreed)
         self.tail = new[len(agreed):]
         self._previous = self.tail
+        self._previous_end = buffer_end
         return committed
+
+    def _settled_unheard(self, words: Sequence[Word], buffer_end: float) -> list[Word]:
+        """The leading words that the previous hypothesis could not agree on (they end past its buffer less the
+        edge) and that end `settle_s` before this buffer's end. A word the previous hypothesis heard clearly and
+        did not hold (left out, or heard as another word) stops it: the two disagree there."""
+        settled = []
+        for w in words:
+            if w.end <= self._previous_end - self.edge_s or w.end > buffer_end - self.settle_s:
+                break
+            settled.append(w)
+        return settled
 
     def flush(self) -> list[Word]:
         self._previous = None  # the next hypothesis has nothing to agree with
+        self._previous_end = float("-inf")
         return super().flush()
 
 
@@ -247,10 +273,11 @@ class AlignAtt(CommitPolicy):
 POLICIES = {"local-agreement": LocalAgreement, "alignatt": AlignAtt}
 
 
-def commit_policy(name: str, frontier_s: float = 0.5, edge_s: float = EDGE_S) -> CommitPolicy:
+def commit_policy(name: str, frontier_s: float = 0.5, edge_s: float = EDGE_S,
+                  settle_s: float | None = None) -> CommitPolicy:
     if name not in POLICIES:
         raise ValueError(f"unknown commit policy '{name}'; choose one of {', '.join(POLICIES)}")
-    return AlignAtt(frontier_s) if name == "alignatt" else LocalAgreement(edge_s)
+    return AlignAtt(frontier_s) if name == "alignatt" else LocalAgreement(edge_s, settle_s)
 
 
 @dataclass(frozen=True)
@@ -259,6 +286,8 @@ class StreamingOptions:
     policy: str = "local-agreement"   # commit policy: local-agreement | alignatt (docs/streaming.md)
     frontier_s: float = 0.5           # alignatt: a word is final once it ends this far before the buffer's end
     edge_s: float = EDGE_S            # local-agreement: an agreed word must end this far before the buffer's end
+    settle_s: float | None = None     # local-agreement: after a step too large for a second hypothesis, commit
+    #                                   from one the words new to it that end this far before the buffer's end
     word_alignment: bool = True       # word times from cross-attention (else interpolated in segments)
     trim_s: float = 15.0              # once the buffer is longer, cut it at a committed segment end
     max_buffer_s: float = WINDOW_SECONDS  # hard cap (Whisper's window); forces a cut when reached
@@ -275,6 +304,9 @@ class StreamingOptions:
     def __post_init__(self) -> None:
         if self.prompt_tokens is not None and self.prompt_tokens < 1:
             raise ValueError(f"prompt_tokens must be at least 1 (or None: the whole prompt), got {self.prompt_tokens}")
+        if self.settle_s is not None and not self.edge_s < self.settle_s <= self.max_buffer_s:
+            raise ValueError(f"settle_s must lie in ({self.edge_s:g}, {self.max_buffer_s:g}] seconds (or None: off), "
+                             f"got {self.settle_s:g}")
 
 
 @dataclass
@@ -327,7 +359,7 @@ class StreamingProcessor:
                                             word_probabilities=False)
         self.clock = clock
         self.vad = SpeechDetector() if options.vad_filter else None
-        self.agreement = commit_policy(options.policy, options.frontier_s, options.edge_s)
+        self.agreement = commit_policy(options.policy, options.frontier_s, options.edge_s, options.settle_s)
         self.committed: list[Word] = []
         self.steps: deque[StepRecord] = deque(maxlen=STEP_HISTORY)   # the newest decodes (a stream may run for hours)
         self.compute_s = 0.0              # time spent decoding, over the whole stream

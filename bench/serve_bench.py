@@ -258,7 +258,7 @@ def bench_streams(decoder, streaming, counts: list[int], engines: list[str], con
     offline_wer = repeat(offline_wers(decoder, clips[:distinct]), len(clips))
     report: dict = {"clips_s": [round(len(p) / 16_000, 2) for p, _ in clips], "context_s": context_s,
                     "distinct_clips": distinct, "offline_wer": offline_wer, "stream_seconds": stream_s,
-                    "trim_s": streaming.trim_s}
+                    "trim_s": streaming.trim_s, "settle_s": streaming.settle_s}
     for name in engines:
         engine = make_engine(name, decoder, streaming, context_s, max(counts))
         host, server = start_server(engine)
@@ -455,7 +455,7 @@ def streams_table(report: dict) -> str:
 
 def changed_settings(report: dict) -> list[str]:
     """A phrase for each setting the run changed from its default: bf16 encoder products, the switch interval,
-    the kernel cache, the live buffers' trim point."""
+    the kernel cache, the live buffers' trim point, the commit policy's settling."""
     from asr_app.streaming import StreamingOptions
     notes = []
     if report.get("encoder_matmul_dtype") == "bfloat16":
@@ -469,6 +469,10 @@ def changed_settings(report: dict) -> list[str]:
     trim = report.get("streams", {}).get("trim_s")
     if trim is not None and trim != StreamingOptions().trim_s:
         notes.append(f"buffers trimmed past {trim:g} s (`--trim-seconds {trim:g}`)")
+    settle = report.get("streams", {}).get("settle_s")
+    if settle is not None:
+        notes.append(f"words new to a hypothesis committed from it {settle:g} s before the buffer's end "
+                     f"(`--settle-seconds {settle:g}`)")
     return notes
 
 
@@ -509,6 +513,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycle-clips", action="store_true", help="repeat the clips up to the largest N")
     parser.add_argument("--trim-seconds", type=float, default=None, metavar="S",
                         help="StreamingOptions.trim_s of every live session (default its own, 15)")
+    parser.add_argument("--settle-seconds", type=float, default=None, metavar="S",
+                        help="StreamingOptions.settle_s of every live session: after a large step, words new to a "
+                             "hypothesis are committed from it once they end S s before the buffer's end (default off)")
     parser.add_argument("--stream-seconds", type=float, default=None, metavar="S",
                         help="long sessions: each stream joins consecutive clips until it lasts S seconds (with "
                              "--cycle-clips, copies of a stream start together with the same audio: easy to batch)")
@@ -524,6 +531,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(problem)
     if args.trim_seconds is not None and not 0 < args.trim_seconds <= 30:
         parser.error(f"--trim-seconds must lie in (0, 30], got {args.trim_seconds:g}")
+    if args.settle_seconds is not None:
+        from asr_app.streaming import StreamingOptions
+        try:
+            StreamingOptions(settle_s=args.settle_seconds)
+        except ValueError as exc:
+            parser.error(f"--settle-seconds: {exc}")
     default_interval = sys.getswitchinterval()
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
@@ -558,7 +571,8 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         print(f"wrote {out}", flush=True)
 
     if counts:
-        streaming = StreamingOptions() if args.trim_seconds is None else StreamingOptions(trim_s=args.trim_seconds)
+        changed = {"trim_s": args.trim_seconds, "settle_s": args.settle_seconds}
+        streaming = StreamingOptions(**{name: value for name, value in changed.items() if value is not None})
         report["streams"] = bench_streams(decoder, streaming, counts, args.engines.split(","),
                                           args.context, args.audio, args.cycle_clips, args.stream_seconds)
         save()

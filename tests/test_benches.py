@@ -256,6 +256,11 @@ def test_serve_bench_joins_clips_into_long_sessions(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--trim-seconds", "0"])
     assert "--trim-seconds must lie in (0, 30], got 0" in capsys.readouterr().err
+    report["streams"]["settle_s"] = 1.5
+    assert "(`--settle-seconds 1.5`)" in bench.streams_table(report)
+    with pytest.raises(SystemExit):
+        bench.main(["--settle-seconds", "0.2"])
+    assert "--settle-seconds: settle_s must lie in (0.3, 30]" in capsys.readouterr().err
 
 
 def test_identity_probe_finds_no_difference_in_fp32_on_the_cpu(tmp_path, monkeypatch, one_torch_thread):

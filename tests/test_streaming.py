@@ -66,6 +66,52 @@ def test_agreed_words_at_the_buffer_edge_wait_for_more_audio():
     assert [w.text for w in plain.insert(hyp(("walk", 0.5), ("in", 1.2)), buffer_end=1.3)] == ["walk", "in"]
 
 
+def test_after_a_large_step_settled_new_words_commit_from_one_hypothesis():
+    la = LocalAgreement(edge_s=0.3, settle_s=1.5)
+    # a first decode of 2 s: nothing ends 1.5 s before its end but "one"
+    assert [w.text for w in la.insert(hyp(("one", 0.5), ("two", 1.0), ("three", 1.8)), buffer_end=2.0)] == ["one"]
+    # a loaded server's next decode, 4 s later: "two" agreed as before; "three" (at the previous buffer's edge),
+    # "four" and "five" are new to it and settled; "six" ends within 1.5 s of the end and waits
+    committed = la.insert(hyp(("one", 0.5), ("two", 1.0), ("three", 1.8), ("four", 3.0), ("five", 4.4),
+                              ("six", 5.0)), buffer_end=6.0)
+    assert [w.text for w in committed] == ["two", "three", "four", "five"]
+    assert [w.text for w in la.tail] == ["six"]
+
+
+def test_settling_stops_where_the_previous_hypothesis_heard_a_word_clearly_and_disagrees():
+    la = LocalAgreement(edge_s=0.3, settle_s=1.5)
+    assert [w.text for w in la.insert(hyp(("one", 0.5), ("two", 1.0), ("three", 1.5)), buffer_end=2.2)] == ["one"]
+    # "two" became "too", well inside the previous buffer: nothing from there on commits from one hypothesis
+    committed = la.insert(hyp(("one", 0.5), ("too", 1.0), ("three", 1.5), ("four", 4.0)), buffer_end=7.0)
+    assert committed == [] and [w.text for w in la.tail] == ["too", "three", "four"]
+    # a word changed at the previous buffer's edge ("in" became "into") is one it could not have agreed on
+    la = LocalAgreement(edge_s=0.3, settle_s=1.5)
+    la.insert(hyp(("walk", 0.5), ("in", 2.1)), buffer_end=2.2)
+    committed = la.insert(hyp(("walk", 0.5), ("into", 2.3), ("the", 3.0), ("hall", 6.0)), buffer_end=6.5)
+    assert [w.text for w in committed] == ["into", "the"]
+    # a word the previous decode heard well inside its buffer and left out stops it too (the two disagree)
+    la = LocalAgreement(edge_s=0.3, settle_s=1.5)
+    la.insert(hyp(("one", 0.5)), buffer_end=3.0)
+    committed = la.insert(hyp(("one", 0.5), ("two", 1.0), ("four", 4.0)), buffer_end=7.0)
+    assert [w.text for w in committed] == []
+
+
+def test_short_steps_commit_as_plain_local_agreement_with_or_without_settling():
+    hypotheses = [(hyp(("we", 0.4), ("walk", 0.9)), 1.2), (hyp(("we", 0.4), ("walk", 0.9), ("in", 1.3)), 1.5),
+                  (hyp(("we", 0.4), ("walk", 0.9), ("into", 1.5), ("the", 1.7)), 1.8),
+                  (hyp(("we", 0.4), ("walk", 0.9), ("into", 1.5), ("the", 1.7), ("hall", 2.2)), 2.3),
+                  (hyp(("we", 0.4), ("walk", 0.9), ("into", 1.5), ("the", 1.7), ("hall", 2.2)), 2.9)]
+    plain, settling = LocalAgreement(edge_s=0.3), LocalAgreement(edge_s=0.3, settle_s=1.5)
+    # the first decode's audio is shorter than settle_s; after it every step is 0.6 s at most
+    for words, end in hypotheses:
+        assert plain.insert(words, end) == settling.insert(words, end)
+    assert [w.text for w in plain.in_buffer] == ["we", "walk", "into", "the", "hall"]
+    with pytest.raises(ValueError, match="settle_s"):
+        LocalAgreement(edge_s=0.3, settle_s=0.3)
+    with pytest.raises(ValueError, match="settle_s"):
+        StreamingOptions(settle_s=0.2)
+
+
 def test_committed_words_are_skipped_in_later_hypotheses():
     la = LocalAgreement()
     la.insert(hyp(("a", 0.5), ("b", 1.0)))
@@ -324,6 +370,18 @@ def test_alignatt_commits_sooner_with_the_same_text(decoder):
     # Audio-time lag of the policy alone (unpaced) at a 1 s step: one hypothesis instead of two agreeing
     # ones a step apart (at short steps, where hypotheses come back to back, LocalAgreement-2 catches up).
     assert runs["alignatt"][1] < runs["local-agreement"][1], runs
+
+
+def test_settling_commits_sooner_after_large_steps_with_the_same_text(decoder):
+    # A server that falls behind re-decodes seconds of new audio at once: steps of 3 s stand for one here
+    audio = load_audio(lj_clip("LJ001-0001"))
+    runs = {}
+    for settle in (None, 1.5):
+        processor, events = run_stream(decoder, audio, StreamingOptions(step_s=3.0, settle_s=settle))
+        lags = [e.audio_received - w.end for e in events if e.kind == "commit" for w in e.words]
+        runs[settle] = (normalise(processor.committed_text), float(np.median(lags)))
+    assert runs[1.5][0] == runs[None][0], runs
+    assert runs[1.5][1] < 0.85 * runs[None][1], runs   # the settled words a step sooner (3.2 -> 2.5 s here)
 
 
 def test_sentence_lines_break_at_sentence_ends_and_pauses():
