@@ -450,3 +450,23 @@ def test_serve_load_counts_the_kernels_onednn_compiled_from_its_verbose_lines(mo
     ])
     assert bench.onednn_kernels(log) == {"compiled": 3, "compile_s": 0.002, "found": 1}
     assert bench.onednn_kernels("models loaded\nINFO nothing else") is None
+
+
+def test_settle_bench_reports_lag_and_wer_per_step_and_settle_value(tmp_path, monkeypatch, one_torch_thread):
+    # A short stream at a 3 s step, settling off and at 1.5 s, against the 0.5 s step without it.
+    from conftest import AUDIO_DIR, MODELS_DIR
+
+    bench = import_bench(monkeypatch, "settle_bench.py")
+    out = tmp_path / "settle.json"
+    assert bench.main(["--models", str(MODELS_DIR), "--audio", str(AUDIO_DIR), "--streams", "1", "--stream-seconds",
+                       "12", "--steps", "3", "--settle", "none,1.5", "--threads", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    rows = [report["reference"], *report["variants"]]
+    assert [(r["step_s"], r["settle_s"]) for r in rows] == [(0.5, None), (3.0, None), (3.0, 1.5)]
+    assert all(len(r["texts"]) == len(r["wer"]) == 1 and r["words"] > 10 for r in rows)
+    off, settled = report["variants"]
+    assert settled["lag_p50_s"] < off["lag_p50_s"]   # the settled words wait for no second decode
+    table = out.with_suffix(".md").read_text()
+    assert f"| 3 | 1.5 | {settled['words']} | {settled['lag_p50_s']:.2f} |" in table
+    with pytest.raises(SystemExit):
+        bench.main(["--settle", "0.1"])

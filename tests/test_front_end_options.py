@@ -148,6 +148,8 @@ PROBES: dict[str, dict[str, list[str]]] = {
         "live_encoder_context": ["H:--live-encoder-context 4", "H:--live-encoder-context 0",
                                  "H:--engine ray --live-encoder-context 4 | --engine ray",
                                  "R:--live-encoder-context 40", "R:--live-encoder-context -1"],
+        "live_settle": ["H:--live-settle 1.5", "H:--engine ray --live-settle 1.5 | --engine ray",
+                        "R:--live-settle 0.2", "R:--live-settle 40"],
         "cpu_kernel_cache": ["H:--cpu-kernel-cache 128", "H:--engine ray --cpu-kernel-cache 128 | --engine ray",
                              "R:--cpu-kernel-cache 0"],
         "no_ui": ["H:--no-ui", "H:--engine ray --no-ui | --engine ray"],

@@ -42,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="live re-decodes run the encoder over their buffer plus S seconds instead of a 30 s "
                              "window (less work per re-decode on a CPU; a decode that loops is redone over the "
                              "whole window; docs/serving.md). Default: the whole window")
+    parser.add_argument("--live-settle", type=float, default=None, metavar="S",
+                        help="when the server falls behind and a live re-decode takes seconds of new audio at once, "
+                             "commit the words new to it that end S seconds before the buffer's end without waiting "
+                             "for a second decode (1.5 is a good value; sooner words under load; docs/serving.md). "
+                             "Default: off, every word waits for two decodes that agree")
     add_kernel_cache_arg(parser)
     parser.add_argument("--no-ui", action="store_true", help="serve the API only, without the web app at /")
     parser.add_argument("--no-warm-up", action="store_true",
@@ -100,6 +105,15 @@ def _check_replica_device(device: str, gpus_per_replica: float) -> None:
         raise ValueError(problem)
 
 
+def live_streaming_options(settle_s: float | None):
+    """Every live session's StreamingOptions: the defaults, with --live-settle."""
+    from asr_app.streaming import StreamingOptions
+    try:
+        return StreamingOptions(settle_s=settle_s)
+    except ValueError as exc:
+        raise ValueError(f"--live-settle: {exc}") from None
+
+
 def limits_from_args(args: argparse.Namespace) -> ServiceLimits:
     return ServiceLimits(max_sessions=args.max_sessions, max_requests=args.max_requests,
                          max_upload_mb=args.max_upload_mb,
@@ -131,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--live-encoder-context must lie in [0, 30] seconds, got {args.live_encoder_context}")
         if (problem := kernel_cache_problem(args.cpu_kernel_cache)) is not None:
             raise ValueError(problem)
+        streaming = live_streaming_options(args.live_settle)
     except ValueError as exc:
         print(f"asr-serve: error: {exc}", file=sys.stderr)
         return 2
@@ -144,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ray_options is not None:   # the replicas load the models and set the bound in their own processes
         return serve_on_ray(args, ray_options, {"limits": limits, "access": access, "schedule": schedule,
                                                 "live_encoder_context_s": args.live_encoder_context,
+                                                "streaming": streaming,
                                                 "mount_ui": not args.no_ui, "retries": ray_options.retries})
     kernel_cache = bound_kernel_cache(args.cpu_kernel_cache)   # before any kernel: the models load next
     decoder = load_decoder_or_report(args, "asr-serve")
@@ -154,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from asr_app.serve.app import build_app
     from asr_app.ui.engine import UiEngine
 
-    engine = UiEngine.from_decoder(decoder, limits=limits).sharing(schedule=schedule,
+    engine = UiEngine.from_decoder(decoder, streaming, limits=limits).sharing(schedule=schedule,
                                                                    live_encoder_context_s=args.live_encoder_context)
     if not args.no_warm_up:
         warm_up(engine)

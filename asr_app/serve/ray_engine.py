@@ -412,6 +412,7 @@ class Ingress:
 
     def __init__(self, decoder_handle: Any, board: Any, model_args: argparse.Namespace, settings: dict) -> None:
         from asr_app.arguments import decoder_from_args
+        from asr_app.streaming import StreamingOptions
         from asr_app.ui.engine import UiEngine
 
         local_args = copy.copy(model_args)
@@ -423,7 +424,8 @@ class Ingress:
                                  call_timeout_s=settings["limits"].request_timeout_s)
         self.engine = UiEngine(pair=decoder.pair, base_options=decoder.options, decoder=decoder, scheduler=remote,
                                limits=settings["limits"], schedule=settings.get("schedule", ()),
-                               live_encoder_context_s=settings.get("live_encoder_context_s"))
+                               live_encoder_context_s=settings.get("live_encoder_context_s"),
+                               streaming=settings.get("streaming") or StreamingOptions())
         self.settings = settings
 
     def __serve_build_asgi_app__(self):
