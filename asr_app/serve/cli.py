@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--live-settle", type=float, default=None, metavar="S",
                         help="when the server falls behind and a live re-decode takes seconds of new audio at once, "
                              "commit the words new to it that end S seconds before the buffer's end without waiting "
-                             "for a second decode (1.5 is a good value; sooner words under load; docs/serving.md). "
+                             "for a second decode (1.5 is the value measured; sooner words under load; docs/serving.md). "
                              "Default: off, every word waits for two decodes that agree")
     add_kernel_cache_arg(parser)
     parser.add_argument("--no-ui", action="store_true", help="serve the API only, without the web app at /")
