@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 import re
 import time
 from collections import deque
@@ -220,18 +221,22 @@ class LocalAgreement(CommitPolicy):
             if old.key != cur.key or cur.end > buffer_end - self.edge_s:
                 break
             agreed.append(cur)
-        if self.settle_s is not None:
-            agreed += self._settled_unheard(new[len(agreed):], buffer_end)
+        if self.settle_s is not None and math.isfinite(buffer_end):   # no end given: nothing is settled
+            agreed += self._settled_unheard(new[len(agreed):], previous[len(agreed):], buffer_end)
         committed = self._commit(agreed)
         self.tail = new[len(agreed):]
         self._previous = self.tail
         self._previous_end = buffer_end
         return committed
 
-    def _settled_unheard(self, words: Sequence[Word], buffer_end: float) -> list[Word]:
+    def _settled_unheard(self, words: Sequence[Word], unmatched: Sequence[Word], buffer_end: float) -> list[Word]:
         """The leading words that the previous hypothesis could not agree on (they end past its buffer less the
-        edge) and that end `settle_s` before this buffer's end. A word the previous hypothesis heard clearly and
-        did not hold (left out, or heard as another word) stops it: the two disagree there."""
+        edge) and that end `settle_s` before this buffer's end. Where the two disagree on audio the previous
+        hypothesis heard clearly, nothing is settled: a word of this one that ends there (heard as another word,
+        or added), or a word of the previous one there (`unmatched`: its words this one did not repeat) that
+        this one left out."""
+        if unmatched and unmatched[0].end <= self._previous_end - self.edge_s:
+            return []
         settled = []
         for w in words:
             if w.end <= self._previous_end - self.edge_s or w.end > buffer_end - self.settle_s:
@@ -240,8 +245,7 @@ class LocalAgreement(CommitPolicy):
         return settled
 
     def flush(self) -> list[Word]:
-        self._previous = None  # the next hypothesis has nothing to agree with
-        self._previous_end = float("-inf")
+        self._previous = None  # the next hypothesis has nothing to agree with (the audio it heard stays heard)
         return super().flush()
 
 

@@ -117,33 +117,24 @@ def test_cuda_graphs_with_hints_and_a_second_window(cuda_pair, clips):
     assert graphed.decode(clips[0], opts)[0].tokens == plain.tokens  # the workspace's graphs replayed again
 
 
-def test_a_capture_holds_while_an_old_graph_is_garbage_and_the_collector_runs_at_every_allocation():
-    # runtime/graphs.cyclic_gc_paused: a collection inside a capture could free the old graph there, a CUDA
-    # call the capture forbids (bench/capture_gc_probe.py measures what happens without the pause)
+def test_a_capture_runs_with_the_garbage_collector_paused():
+    # runtime/graphs.cyclic_gc_paused: no automatic collection can free an old graph inside a capture (whether
+    # one would break it: bench/capture_gc_probe.py); the collector is back on after it
     import gc
-    import weakref
 
     from asr_app.runtime.graphs import StepRunner
 
+    seen = []
+
     def step(*, positions, span, mask, x):
+        if torch.cuda.is_current_stream_capturing():
+            seen.append(gc.isenabled())
         return {"y": torch.relu(x * 2 + positions.float().sum()) + 1}
 
-    gc.collect()
-    old = StepRunner("cuda", 8)
-    old.run(("old",), step, {"x": torch.ones(4096, device=CUDA)}, 0, 1)
-    old.cycle = old  # only the collector can free it
-    alive = weakref.ref(old)
-    del old
-    thresholds = gc.get_threshold()
-    gc.set_threshold(1, 1, 1)
-    try:
-        x = torch.full((4096,), 3.0, device=CUDA)
-        out = StepRunner("cuda", 8).run(("new",), step, {"x": x}, 2, 1)["y"]
-    finally:
-        gc.set_threshold(*thresholds)
+    x = torch.full((4096,), 3.0, device=CUDA)
+    out = StepRunner("cuda", 8).run(("new",), step, {"x": x}, 2, 1)["y"]
+    assert seen == [False] and gc.isenabled()
     assert torch.equal(out, torch.relu(x * 2 + 2) + 1)
-    gc.collect()
-    assert alive() is None  # the garbage was freed once the capture was over
 
 
 @torch.inference_mode()

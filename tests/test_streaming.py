@@ -70,8 +70,8 @@ def test_after_a_large_step_settled_new_words_commit_from_one_hypothesis():
     la = LocalAgreement(edge_s=0.3, settle_s=1.5)
     # a first decode of 2 s: nothing ends 1.5 s before its end but "one"
     assert [w.text for w in la.insert(hyp(("one", 0.5), ("two", 1.0), ("three", 1.8)), buffer_end=2.0)] == ["one"]
-    # a loaded server's next decode, 4 s later: "two" agreed as before; "three" (at the previous buffer's edge),
-    # "four" and "five" are new to it and settled; "six" ends within 1.5 s of the end and waits
+    # a loaded server's next decode, 4 s later: "two" and "three" agreed as before; "four" and "five" are new to it
+    # and settled; "six" ends within 1.5 s of the end and waits
     committed = la.insert(hyp(("one", 0.5), ("two", 1.0), ("three", 1.8), ("four", 3.0), ("five", 4.4),
                               ("six", 5.0)), buffer_end=6.0)
     assert [w.text for w in committed] == ["two", "three", "four", "five"]
@@ -94,6 +94,18 @@ def test_settling_stops_where_the_previous_hypothesis_heard_a_word_clearly_and_d
     la.insert(hyp(("one", 0.5)), buffer_end=3.0)
     committed = la.insert(hyp(("one", 0.5), ("two", 1.0), ("four", 4.0)), buffer_end=7.0)
     assert [w.text for w in committed] == []
+    # and so does a word the previous decode heard clearly that this one left out ("two")
+    la = LocalAgreement(edge_s=0.3, settle_s=1.5)
+    la.insert(hyp(("one", 0.5), ("two", 1.0)), buffer_end=2.2)
+    assert la.insert(hyp(("one", 0.5), ("four", 4.0)), buffer_end=7.0) == []
+    # a forced flush commits the tail; the audio the flushed hypothesis heard stays heard: at a 1 s step after it,
+    # a word it left out ("and") does not commit from one hypothesis
+    la = LocalAgreement(edge_s=0.3, settle_s=1.5)
+    la.insert(hyp(("one", 0.5), ("two", 2.0)), buffer_end=3.0)
+    assert [w.text for w in la.flush()] == ["two"]
+    assert la.insert(hyp(("one", 0.5), ("two", 2.0), ("and", 2.4), ("four", 3.8)), buffer_end=4.0) == []
+    # without the buffer's end (the default) nothing can be settled
+    assert LocalAgreement(edge_s=0.3, settle_s=1.5).insert(hyp(("one", 0.5), ("two", 1.0))) == []
 
 
 def test_short_steps_commit_as_plain_local_agreement_with_or_without_settling():
