@@ -27,32 +27,22 @@ from pathlib import Path
 import numpy as np
 import serve_bench
 from report_io import cpu_facts, describe_cpu, result_path, save_results
+from stream_bench import stream_clip
 
 SHORT_STEP_S = 0.5   # the reference: a server that keeps up re-decodes every half second of new audio
 
 
-def stream_once(decoder, audio: np.ndarray, step_s: float, settle_s: float | None) -> tuple[str, list[float]]:
-    """The committed text and each committed word's lag in audio time, one stream fed in 0.5 s blocks."""
-    from asr_app.audio import FileSource
-    from asr_app.streaming import StreamingOptions, StreamingProcessor
-    processor = StreamingProcessor(decoder, StreamingOptions(step_s=step_s, settle_s=settle_s))
-    events = []
-    for block in FileSource(audio.astype(np.float32) / 32768, block_s=0.5, realtime=False):
-        processor.insert_audio(block)
-        events.extend(processor.process())
-    events.extend(processor.finish())
-    lags = [e.audio_received - w.end for e in events if e.kind == "commit" for w in e.words]
-    return processor.committed_text, lags
-
-
 def variant(decoder, streams: list, step_s: float, settle_s: float | None) -> dict:
+    """Every stream at one step and settle value: texts, WER, and each committed word's lag in audio time."""
+    from asr_app.streaming import StreamingOptions
     from asr_app.wer import word_error_rate
     started = time.perf_counter()
     texts, lags = [], []
-    for audio, _ in streams:
-        text, stream_lags = stream_once(decoder, audio, step_s, settle_s)
-        texts.append(text)
-        lags += stream_lags
+    options = StreamingOptions(step_s=step_s, settle_s=settle_s)
+    for audio, _ in streams:   # fed in 0.5 s blocks, unpaced
+        streamed = stream_clip(decoder, audio.astype(np.float32) / 32768, options, "fast", block_s=0.5)
+        texts.append(streamed["committed"])
+        lags += streamed["audio_lags"]
     return {"step_s": step_s, "settle_s": settle_s, "seconds": time.perf_counter() - started, "texts": texts,
             "wer": [word_error_rate(ref, text) for (_, ref), text in zip(streams, texts)],
             "lag_p50_s": float(np.percentile(lags, 50)) if lags else None,

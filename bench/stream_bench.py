@@ -97,9 +97,10 @@ class CpuClock:
             self.offset += t - self()
 
 
-def stream_clip(decoder, audio: np.ndarray, options: StreamingOptions, pacing: str) -> dict:
+def stream_clip(decoder, audio: np.ndarray, options: StreamingOptions, pacing: str, block_s: float = 0.1) -> dict:
     """pacing: 'realtime' (FileSource at the audio's pace, wall clock), 'fast' (unpaced) or
-    'cpu-clock' (audio arrives at its pace on the CpuClock: a simulated dedicated core)."""
+    'cpu-clock' (audio arrives at its pace on the CpuClock: a simulated dedicated core). `block_s`: the
+    FileSource's blocks (not with 'cpu-clock', whose blocks follow its clock)."""
     events = []
     cpu_start = time.process_time()
     if pacing == "cpu-clock":
@@ -116,7 +117,7 @@ def stream_clip(decoder, audio: np.ndarray, options: StreamingOptions, pacing: s
             position = end
     else:
         processor = StreamingProcessor(decoder, options)
-        for chunk in FileSource(audio, block_s=0.1, realtime=pacing == "realtime"):
+        for chunk in FileSource(audio, block_s=block_s, realtime=pacing == "realtime"):
             processor.insert_audio(chunk)
             events.extend(processor.process())
     events.extend(processor.finish())
