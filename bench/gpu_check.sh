@@ -13,7 +13,8 @@
 #   bash bench/gpu_check.sh serve_engines  # the same streams through the one-lock engine and fixed-length prompts
 #   bash bench/gpu_check.sh prompt    # 32 streams, the scheduler beside fixed-length live prompts (rows that can
 #                                     # batch), one server run each; the batch samples say what a served batch cost
-#   bash bench/gpu_check.sh layers    # api_layers: 64 requests through decoder, transcribe, scheduler and HTTP in turn
+#   bash bench/gpu_check.sh layers    # api_layers: 64 requests through decoder, transcribe, scheduler and HTTP in turn,
+#                                     # 3 rounds (one round took 42 s on an H200; its first round holds the captures)
 #   bash bench/gpu_check.sh gil       # gil_probe: a decode beside a thread spinning in Python, switch interval 0.1-5 ms;
 #                                     # then serve_bench at N = 32 and 64 API requests, interval 5 then 0.5 ms
 #   bash bench/gpu_check.sh stream    # stream_bench: one stream's latency and WER, off / exact, on 4 test clips
@@ -132,7 +133,7 @@ run_prompt() {  # whether live rows batch on a GPU once their prompts share a le
 run_layers() {  # where a served request's time goes, and where batching's gain is lost (bench/api_layers.py)
     serve_clips layers || return
     stage layers 300 python3 bench/api_layers.py --models "$MODELS" --audio tests/data/audio --cycle-clips \
-        --device cuda --threads 4 --requests 64 --batch 8 --out "$RESULTS/api_layers.json"
+        --device cuda --threads 4 --requests 64 --batch 8 --rounds 3 --out "$RESULTS/api_layers.json"
 }
 
 run_gil() {  # how much the interpreter lock makes the decoder wait, alone and in the server (bench/gil_probe.py)

@@ -54,7 +54,7 @@ for p in "${parts[@]}"; do
         echo "  $i. carry [\".gpu/$p\"], command:  cp .gpu/$p/* /root/stash/"
     else
         echo "  $i. carry [\".gpu/$p\"], command:"
-        echo "     cp .gpu/$p/* /root/stash/ && bash bench/gpu_join.sh && bash bench/gpu_check.sh tests prompt"
+        echo "     cp .gpu/$p/* /root/stash/ && bash bench/gpu_join.sh && bash bench/gpu_check.sh tests gil"
     fi
     i=$((i + 1))
 done
