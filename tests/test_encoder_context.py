@@ -116,8 +116,9 @@ def test_a_lost_decode_is_done_again_with_twice_the_context_before_the_whole_win
 
 
 def test_features_for_a_shortened_input_are_the_whole_windows_value_for_value(decoder, monkeypatch):
-    """Only the frames the encoder reads (and a margin) are computed; the rest are filled with the padding's
-    value. A batch of different lengths, silence, and speech cut mid-word at its end."""
+    """Only the frames the encoder reads (and a margin) are computed, with a shortened input or the whole window;
+    the rest are filled with the padding's value. A batch of different lengths, silence, and speech cut mid-word
+    at its end."""
     from asr_app.decoding.context import feature_samples
 
     speech = np.concatenate([load_audio(path) for path in CLIPS + LOOPING] * 2)
@@ -129,7 +130,8 @@ def test_features_for_a_shortened_input_are_the_whole_windows_value_for_value(de
     monkeypatch.setattr(decoder, "feature_extractor", lambda *a, **k: computed.append(
         (out := extractor(*a, **k)).input_features.shape[-1]) or out)
     for batch, context in (([clips[0], clips[1]], 3.0), ([clips[2]], 3.0), ([clips[0], clips[2]], 0.5),
-                           ([clips[3]], 3.0), ([clips[3]], 0.5), ([clips[1], clips[3]], 0.0)):
+                           ([clips[3]], 3.0), ([clips[3]], 0.5), ([clips[1], clips[3]], 0.0),
+                           ([clips[0], clips[1]], None), ([clips[2]], None), ([clips[3]], None)):
         windows = [c.size / 16_000 for c in batch]
         whole = extractor(batch, sampling_rate=16_000, return_tensors="pt").input_features
         options = dataclasses.replace(decoder.options, encoder_context_s=context)
@@ -137,4 +139,5 @@ def test_features_for_a_shortened_input_are_the_whole_windows_value_for_value(de
         assert decoder._features(batch, options, windows).equal(whole), (windows, context)
         assert computed[-1] == feature_samples(context, windows, 30.0, 16_000) // 160 < 3000   # fewer computed
     assert feature_samples(3.0, [5.0, 2.0], 30.0, 16_000) == 9 * 16_000     # 5 s + 3 s + a 1 s margin
-    assert feature_samples(3.0, [26.5], 30.0, 16_000) is None and feature_samples(None, [5.0], 30.0, 16_000) is None
+    assert feature_samples(None, [5.0, 2.0], 30.0, 16_000) == 6 * 16_000    # no context: 5 s + the margin
+    assert feature_samples(3.0, [26.5], 30.0, 16_000) is None and feature_samples(None, [29.5], 30.0, 16_000) is None

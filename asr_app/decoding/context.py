@@ -26,13 +26,13 @@ HOP_SAMPLES = 160   # Whisper's feature frame: 10 ms at 16 kHz
 
 def feature_samples(context_s: float | None, windows: Sequence[float], full_window_s: float,
                     sample_rate: int) -> int | None:
-    """How many samples of each clip (zero-padded) the feature extractor needs for a shortened encoder input,
-    or None for the whole window. Whisper's features past the audio are all one value per clip (the padding's
-    log-mel, floored at the clip's maximum minus 8), so frames computed over padding stand for the rest
-    (`pad_features`): the result equals the whole window's features, value for value (tested)."""
-    if context_s is None:
-        return None
-    seconds = max(windows) + context_s + FEATURE_MARGIN_S
+    """How many samples of each clip (zero-padded) the feature extractor needs: the longest clip, the encoder's
+    context past it (a shortened encoder input; None: none, the whole window is encoded) and a margin, or None
+    where that reaches the whole window. Whisper's features past the audio are all one value per clip (the
+    padding's log-mel, floored at the clip's maximum minus 8), so frames computed over padding stand for the
+    rest (`pad_features`): the result equals the whole window's features, value for value (tested). A live
+    re-decode of a few seconds so computes a few seconds of frames, not 30 s of them, with or without context."""
+    seconds = max(windows) + (context_s or 0.0) + FEATURE_MARGIN_S
     if seconds >= full_window_s:
         return None
     return HOP_SAMPLES * math.ceil(seconds * sample_rate / HOP_SAMPLES)

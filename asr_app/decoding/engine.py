@@ -141,8 +141,8 @@ class SpeculativeDecoder:
         return self._decode(self._features(clips, options or self.options, windows), options, prompts, windows, hints)
 
     def _features(self, clips: list[np.ndarray], opts: DecodingOptions, windows: list[float]) -> torch.Tensor:
-        """Log-mel features [B, mels, 3000]; for a shortened encoder input, computed over the frames it reads
-        (and a margin) only, the rest filled in (`feature_samples`: the same values)."""
+        """Log-mel features [B, mels, 3000], computed over the longest clip, the encoder's context past it and a
+        margin only, the rest filled in (`feature_samples`: the same values)."""
         samples = feature_samples(opts.encoder_context_s, windows, WINDOW_SECONDS, SAMPLE_RATE)
         extra = {} if samples is None else {"max_length": samples}
         feats = self.feature_extractor([np.asarray(c, dtype=np.float32) for c in clips], sampling_rate=SAMPLE_RATE,
