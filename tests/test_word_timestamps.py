@@ -17,7 +17,7 @@ import pytest
 from conftest import DATA_DIR, JFK_FLAC, LIBRISPEECH_DIR, TINY_EN_DIR, lj_clip, normalise
 
 from asr_app.audio import SAMPLE_RATE, load_audio
-from asr_app.decoding.alignment import dtw_path, median_filter, merge_punctuation, split_words
+from asr_app.decoding.alignment import dtw_path, dtw_paths, median_filter, merge_punctuation, split_words
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -235,15 +235,46 @@ def test_words_reuse_the_decodes_cross_attention_and_match_each_row_alone(decode
     from asr_app.decoding import DecodingOptions
     from asr_app.runtime.decoder import DecoderRuntime
 
-    clips = [load_audio(CLIPS["1089-134686-0000"]), load_audio(JFK_FLAC)[: 5 * 16_000]]
+    # The rows are aligned in one pass of the target and one time warp (align_batch): rows of different token
+    # counts and lengths (silence among them: tiny.en hears one word in it), each as alone.
+    clips = [load_audio(CLIPS["1089-134686-0000"]), load_audio(JFK_FLAC)[: 5 * 16_000],
+             np.zeros(3 * 16_000, dtype=np.float32), load_audio(JFK_FLAC)[3 * 16_000 :]]
     opts = DecodingOptions(mode="exact", word_timestamps=True)
     alone = [[(w.word, w.start, w.end) for w in words_of(decoder.decode(c, opts)[0])] for c in clips]
-    loads = []
-    original = DecoderRuntime.load_encoder
+    loads, passes = [], []
+    original, pass_ = DecoderRuntime.load_encoder, DecoderRuntime.cross_attention
     monkeypatch.setattr(DecoderRuntime, "load_encoder", lambda self, *a: (loads.append(1), original(self, *a))[1])
+    monkeypatch.setattr(DecoderRuntime, "cross_attention",
+                        lambda self, hidden, ids, *a: (passes.append(ids.shape[0]), pass_(self, hidden, ids, *a))[1])
     together = [[(w.word, w.start, w.end) for w in words_of(r)] for r in decoder.decode(clips, opts)]
     assert together == alone and all(alone)
-    assert len(loads) == 2   # the target's and the draft's for the batch; none for the two alignments
+    assert len({len(words) for words in alone}) == len(alone)   # token counts differ: padded rows in the pass
+    assert len(loads) == 2   # the target's and the draft's for the batch; none for the alignments
+    assert passes == [4]     # one pass for the four rows
+
+
+def test_rows_without_text_get_no_words_and_no_pass():
+    from asr_app.decoding.alignment import AlignmentInput, align_batch
+
+    items = [AlignmentInput([50257, 50362], [], 50256, 3.0)] * 2
+    # no runtime is needed: nothing is aligned
+    assert align_batch(None, None, items, [(2, 0)], tokenizer=None) == [[], []]
+
+
+def test_dtw_of_several_matrices_at_once_finds_each_ones_own_path():
+    # A batch's rows are warped in one array padded at their ends; each path must be the one it gets alone,
+    # ties included (costs rounded to one decimal), whatever the other matrices' shapes, NaNs among them.
+    rng = np.random.default_rng(2)
+    shapes = [(1, 1), (2, 9), (7, 7), (9, 30), (4, 3), (12, 250), (1, 40)]
+    costs = [np.round(rng.standard_normal(shape), 1) for shape in shapes]
+    costs[3][2, 5] = np.nan
+    together = dtw_paths(costs)
+    assert len(together) == len(costs)
+    for cost, (rows, cols) in zip(costs, together):
+        alone_rows, alone_cols = dtw_path(cost)
+        assert rows.tolist() == alone_rows.tolist() and cols.tolist() == alone_cols.tolist(), cost.shape
+    assert [dtw_paths(costs[k::-1])[0][1].tolist() for k in range(3)] == [p[1].tolist() for p in together[:3]]
+    assert dtw_paths([]) == []
 
 
 def test_dtw_covers_every_row_and_column_even_with_non_finite_costs():

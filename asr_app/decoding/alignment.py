@@ -52,12 +52,24 @@ def add_word_timestamps(segments: list[Segment], runtime, encoder_hidden: torch.
                         probabilities: bool = True, cross: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Fill `segment.words` of one decoded window (times relative to the window's start). `cross`: the
     window's cross-attention K/V from the decode, reused (`DecoderRuntime.cross_attention`)."""
-    if not segments:
-        return
-    tokens = [t for segment in segments for t in segment.tokens]
-    words = align_words(runtime, encoder_hidden, AlignmentInput(sot_sequence, tokens, eos, window_s), heads,
-                        tokenizer, probabilities, cross)
-    attach_words(segments, words)
+    add_batch_word_timestamps([segments], runtime, encoder_hidden, [sot_sequence], eos, [window_s], heads,
+                              tokenizer, probabilities, cross)
+
+
+def add_batch_word_timestamps(segment_lists: Sequence[list[Segment]], runtime, encoder_hidden: torch.Tensor,
+                              sot_sequences: Sequence[list[int]], eos: int, windows_s: Sequence[float],
+                              heads: Sequence[tuple[int, int]], tokenizer, probabilities: bool = True,
+                              cross: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """`add_word_timestamps` for the rows of one decoded batch at once (row r: `segment_lists[r]`,
+    `encoder_hidden[r]`, `cross[:, r]`): one pass of the target over every row's tokens and one time warp
+    for them all, where row by row each row paid both (docs/serving.md, "Word timing batched"). The same
+    words as each row alone (tested)."""
+    items = [AlignmentInput(list(sot), [t for segment in segments for t in segment.tokens], eos, window)
+             for segments, sot, window in zip(segment_lists, sot_sequences, windows_s)]
+    words = align_batch(runtime, encoder_hidden, items, heads, tokenizer, probabilities, cross)
+    for segments, row_words in zip(segment_lists, words):
+        if segments:
+            attach_words(segments, row_words)
 
 
 def align_words(runtime, encoder_hidden: torch.Tensor, item: AlignmentInput, heads: Sequence[tuple[int, int]],
@@ -65,24 +77,56 @@ def align_words(runtime, encoder_hidden: torch.Tensor, item: AlignmentInput, hea
                 cross: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[Word]:
     """The words of one window: start/end seconds (window-relative), mean token probability (NaN without
     `probabilities`), tokens."""
-    if not item.text_tokens:
-        return []
-    ids = [*item.sot_sequence, *item.text_tokens, item.eos]
+    return align_batch(runtime, encoder_hidden[:1], [item], heads, tokenizer, probabilities, cross)[0]
+
+
+def align_batch(runtime, encoder_hidden: torch.Tensor, items: Sequence[AlignmentInput],
+                heads: Sequence[tuple[int, int]], tokenizer, probabilities: bool = True,
+                cross: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[list[Word]]:
+    """`align_words` of every row of a batch (row r: `items[r]` over `encoder_hidden[r]`). The rows' token
+    sequences, padded at their ends, go through the target in one pass: its self-attention is causal, so a
+    row's padding changes none of its own positions."""
+    words: list[list[Word]] = [[] for _ in items]
+    rows = [r for r, item in enumerate(items) if item.text_tokens]
+    if not rows:
+        return words
     device = encoder_hidden.device
-    frames = max(1, min(encoder_hidden.shape[1], round(item.window_s * FRAMES_PER_SECOND)))
-    hidden, attention = runtime.cross_attention(encoder_hidden[:1], torch.tensor([ids], device=device),
-                                                {layer for layer, _ in heads}, cross)
-    weights = torch.stack([attention[layer][0, head, :, :frames] for layer, head in heads])
+    ids = [[*items[r].sot_sequence, *items[r].text_tokens, items[r].eos] for r in rows]
+    longest = max(len(i) for i in ids)
+    padded = torch.tensor([i + [items[r].eos] * (longest - len(i)) for r, i in zip(rows, ids)], device=device)
+    index = torch.tensor(rows, device=device)
+    row_cross = (cross[0].index_select(1, index), cross[1].index_select(1, index)) if cross is not None else None
+    hidden, attention = runtime.cross_attention(encoder_hidden.index_select(0, index), padded,
+                                                {layer for layer, _ in heads}, row_cross)
+    matrices = [_alignment_matrix(attention, heads, k, items[r], encoder_hidden.shape[1])
+                for k, r in enumerate(rows)]
+    # one copy to the host for every row (a GPU waits once, not once per row)
+    on_host = torch.cat([m.double().reshape(-1) for m in matrices]).cpu().numpy()
+    costs, at = [], 0
+    for m in matrices:
+        costs.append(-on_host[at : at + m.numel()].reshape(m.shape))
+        at += m.numel()
+    for k, (r, (path_rows, path_cols)) in enumerate(zip(rows, dtw_paths(costs))):
+        item = items[r]
+        # The path visits every row in order; a token's time is the frame where the path reaches its row.
+        token_times = path_cols[np.r_[0, np.flatnonzero(np.diff(path_rows)) + 1]] / FRAMES_PER_SECOND
+        probs = (token_probabilities(runtime, hidden[k : k + 1], ids[k], len(item.sot_sequence)) if probabilities
+                 else [math.nan] * len(item.text_tokens))
+        words[r] = _words(tokenizer, item.text_tokens, token_times, probs)
+    return words
+
+
+def _alignment_matrix(attention: dict[int, torch.Tensor], heads: Sequence[tuple[int, int]], k: int,
+                      item: AlignmentInput, encoder_frames: int) -> torch.Tensor:
+    """Row k's [text tokens, frames] alignment weights: its heads' cross-attention over the frames holding
+    audio, standardised over its tokens, median-filtered over time, averaged over the heads."""
+    frames = max(1, min(encoder_frames, round(item.window_s * FRAMES_PER_SECOND)))
+    length = len(item.sot_sequence) + len(item.text_tokens) + 1
+    weights = torch.stack([attention[layer][k, head, :length, :frames] for layer, head in heads])
     std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
     weights = median_filter((weights - mean) / std.clamp_min(1e-10), MEDIAN_WIDTH)
     # Rows: the input <|notimestamps|> (which predicts the first text token) .. the last text token.
-    matrix = weights.mean(dim=0)[len(item.sot_sequence) - 1 : -1]
-    rows, cols = dtw_path(-matrix.double().cpu().numpy())
-    # The path visits every row in order; a token's time is the frame where the path reaches its row.
-    token_times = cols[np.r_[0, np.flatnonzero(np.diff(rows)) + 1]] / FRAMES_PER_SECOND
-    probs = (token_probabilities(runtime, hidden, ids, len(item.sot_sequence)) if probabilities
-             else [math.nan] * len(item.text_tokens))
-    return _words(tokenizer, item.text_tokens, token_times, probs)
+    return weights.mean(dim=0)[len(item.sot_sequence) - 1 : -1]
 
 
 def token_probabilities(runtime, hidden: torch.Tensor, ids: list[int], first: int) -> list[float]:
@@ -171,23 +215,41 @@ def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
 
 def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The monotonic path of least summed cost from (0, 0) to (N-1, M-1); rows and columns per step. Where
-    moves tie, the diagonal goes first, then the next row (token), then the next column (frame).
+    moves tie, the diagonal goes first, then the next row (token), then the next column (frame)."""
+    return dtw_paths([cost])[0]
+
+
+def dtw_paths(costs: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`dtw_path` of several cost matrices of any shapes at once.
 
     Cells on one anti-diagonal depend only on the two before it, so each diagonal is one vector step over a
-    flat view (no move table: the way back compares the three totals again, in the same order, which gives
-    the same path; half the time of stacking the options per diagonal)."""
-    n, m = cost.shape
-    # Finite costs keep the path off the infinite border until (0, 0); a NaN would make every comparison on
-    # the way back false (scores overflowing fp16, say): such cells cost the most instead.
-    cost = np.nan_to_num(cost, nan=1e30, posinf=1e30, neginf=-1e30)
-    total = np.full((n + 1, m + 1), np.inf)
-    total[0, 0] = 0.0
-    flat, costs, stride = total.reshape(-1), cost.reshape(-1), m + 1
+    flat view, of every matrix at once: the matrices lie in one array padded at their ends, and a cell past a
+    matrix's own end never feeds one inside it (cells depend on smaller indices only). Each cell is the same
+    sum of the same numbers as alone, so the paths are the same to the last tie. No move table: the way back
+    compares the three totals again, in the same order, which gives the same path."""
+    if not costs:
+        return []
+    n, m = max(c.shape[0] for c in costs), max(c.shape[1] for c in costs)
+    stride, plane = m + 1, (n + 1) * (m + 1)
+    total = np.full((len(costs), n + 1, m + 1), np.inf)
+    total[:, 0, 0] = 0.0
+    padded = np.zeros((len(costs), n, m))
+    for b, cost in enumerate(costs):
+        # Finite costs keep the path off the infinite border until (0, 0); a NaN would make every comparison
+        # on the way back false (scores overflowing fp16, say): such cells cost the most instead.
+        padded[b, : cost.shape[0], : cost.shape[1]] = np.nan_to_num(cost, nan=1e30, posinf=1e30, neginf=-1e30)
+    flat, flat_costs = total.reshape(-1), padded.reshape(-1)
+    starts, cost_starts = (np.arange(len(costs)) * plane)[:, None], (np.arange(len(costs)) * n * m)[:, None]
     for d in range(2, n + m + 1):
         i = np.arange(max(1, d - m), min(n, d - 1) + 1)
-        at = i * stride + d - i   # (i, d - i) in `total`
+        at = (starts + i * stride + d - i).reshape(-1)   # (b, i, d - i) in `total`
         best = np.minimum(np.minimum(flat[at - stride - 1], flat[at - stride]), flat[at - 1])
-        flat[at] = costs[(i - 1) * m + d - i - 1] + best
+        flat[at] = flat_costs[(cost_starts + (i - 1) * m + d - i - 1).reshape(-1)] + best
+    return [_way_back(total[b], *cost.shape) for b, cost in enumerate(costs)]
+
+
+def _way_back(total: np.ndarray, n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """The path from (n, m) back to the border of one matrix's totals, ties broken as `dtw_path` says."""
     i, j = n, m
     rows, cols = [], []
     while i > 0 and j > 0:

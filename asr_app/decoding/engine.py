@@ -18,7 +18,12 @@ import numpy as np
 import torch
 
 from asr_app.audio import SAMPLE_RATE, WINDOW_SECONDS
-from asr_app.decoding.alignment import FRAMES_PER_SECOND, add_word_timestamps, alignment_heads
+from asr_app.decoding.alignment import (
+    FRAMES_PER_SECOND,
+    add_batch_word_timestamps,
+    add_word_timestamps,
+    alignment_heads,
+)
 from asr_app.decoding.context import (
     encoder_input,
     feature_samples,
@@ -444,10 +449,11 @@ class SpeculativeDecoder:
             result = self._result(state.out_tokens[r], no_speech[r], avg, st, opts, windows[r])
             if detected is not None:
                 result.language, result.language_probability = self._language_code(detected[r][0]), detected[r][1]
-            if opts.word_timestamps:
-                self._add_words(result, encoder_hidden[r : r + 1], prompts[r], windows[r], opts.word_probabilities,
-                                (cross[0][:, r : r + 1], cross[1][:, r : r + 1]) if cross else None)
             results.append(result)
+        if opts.word_timestamps:
+            add_batch_word_timestamps([r.segments for r in results], self.target_runtime, encoder_hidden,
+                                      [self._alignment_sot(p) for p in prompts], self.eos, windows,
+                                      self.alignment_heads, self.tokenizer, opts.word_probabilities, cross)
         return results
 
     def _loop_class(self, batch: int) -> type[SpeculativeLoop]:
@@ -457,12 +463,17 @@ class SpeculativeDecoder:
         return RaggedLoop if ragged else SpeculativeLoop
 
     def _add_words(self, result: DecodingResult, encoder_hidden: torch.Tensor, prompt: Prompt, window: float,
-                   probabilities: bool, cross: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                   probabilities: bool) -> None:
+        add_word_timestamps(result.segments, self.target_runtime, encoder_hidden, self._alignment_sot(prompt),
+                            self.eos, window, self.alignment_heads, self.tokenizer, probabilities)
+
+    def _alignment_sot(self, prompt: Prompt) -> list[int]:
+        """The tokens word alignment puts before the text: the prompt from <|startoftranscript|> on, ending in
+        <|notimestamps|>."""
         sot_sequence = list(prompt.tokens[prompt.sot_index :])
         if sot_sequence[-1] != self.generation_config.no_timestamps_token_id:
             sot_sequence.append(self.generation_config.no_timestamps_token_id)
-        add_word_timestamps(result.segments, self.target_runtime, encoder_hidden, sot_sequence, self.eos, window,
-                            self.alignment_heads, self.tokenizer, probabilities, cross)
+        return sot_sequence
 
     def _detect_languages(self, workspace: Workspace) -> list[tuple[int, float]]:
         """(language token, probability) per row, as openai/whisper detects it: the target's scores after
