@@ -85,44 +85,41 @@ def align_batch(runtime, encoder_hidden: torch.Tensor, items: Sequence[Alignment
                 cross: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[list[Word]]:
     """`align_words` of every row of a batch (row r: `items[r]` over `encoder_hidden[r]`). The rows' token
     sequences, padded at their ends, go through the target in one pass: its self-attention is causal, so a
-    row's padding changes none of its own positions."""
+    row's padding changes none of its own positions. Every row goes through it, those without text too (a
+    pass over all rows reads the batch's cross K/V in place; picking rows would copy them)."""
     words: list[list[Word]] = [[] for _ in items]
     rows = [r for r, item in enumerate(items) if item.text_tokens]
     if not rows:
         return words
-    device = encoder_hidden.device
-    ids = [[*items[r].sot_sequence, *items[r].text_tokens, items[r].eos] for r in rows]
+    ids = [[*item.sot_sequence, *item.text_tokens, item.eos] for item in items]
     longest = max(len(i) for i in ids)
-    padded = torch.tensor([i + [items[r].eos] * (longest - len(i)) for r, i in zip(rows, ids)], device=device)
-    index = torch.tensor(rows, device=device)
-    row_cross = (cross[0].index_select(1, index), cross[1].index_select(1, index)) if cross is not None else None
-    hidden, attention = runtime.cross_attention(encoder_hidden.index_select(0, index), padded,
-                                                {layer for layer, _ in heads}, row_cross)
-    matrices = [_alignment_matrix(attention, heads, k, items[r], encoder_hidden.shape[1])
-                for k, r in enumerate(rows)]
+    padded = torch.tensor([i + [item.eos] * (longest - len(i)) for item, i in zip(items, ids)],
+                          device=encoder_hidden.device)
+    hidden, attention = runtime.cross_attention(encoder_hidden, padded, {layer for layer, _ in heads}, cross)
+    matrices = [_alignment_matrix(attention, heads, r, items[r], encoder_hidden.shape[1]) for r in rows]
     # one copy to the host for every row (a GPU waits once, not once per row)
     on_host = torch.cat([m.double().reshape(-1) for m in matrices]).cpu().numpy()
     costs, at = [], 0
     for m in matrices:
         costs.append(-on_host[at : at + m.numel()].reshape(m.shape))
         at += m.numel()
-    for k, (r, (path_rows, path_cols)) in enumerate(zip(rows, dtw_paths(costs))):
+    for r, (path_rows, path_cols) in zip(rows, dtw_paths(costs)):
         item = items[r]
         # The path visits every row in order; a token's time is the frame where the path reaches its row.
         token_times = path_cols[np.r_[0, np.flatnonzero(np.diff(path_rows)) + 1]] / FRAMES_PER_SECOND
-        probs = (token_probabilities(runtime, hidden[k : k + 1], ids[k], len(item.sot_sequence)) if probabilities
+        probs = (token_probabilities(runtime, hidden[r : r + 1], ids[r], len(item.sot_sequence)) if probabilities
                  else [math.nan] * len(item.text_tokens))
         words[r] = _words(tokenizer, item.text_tokens, token_times, probs)
     return words
 
 
-def _alignment_matrix(attention: dict[int, torch.Tensor], heads: Sequence[tuple[int, int]], k: int,
+def _alignment_matrix(attention: dict[int, torch.Tensor], heads: Sequence[tuple[int, int]], row: int,
                       item: AlignmentInput, encoder_frames: int) -> torch.Tensor:
-    """Row k's [text tokens, frames] alignment weights: its heads' cross-attention over the frames holding
+    """One row's [text tokens, frames] alignment weights: its heads' cross-attention over the frames holding
     audio, standardised over its tokens, median-filtered over time, averaged over the heads."""
     frames = max(1, min(encoder_frames, round(item.window_s * FRAMES_PER_SECOND)))
     length = len(item.sot_sequence) + len(item.text_tokens) + 1
-    weights = torch.stack([attention[layer][k, head, :length, :frames] for layer, head in heads])
+    weights = torch.stack([attention[layer][row, head, :length, :frames] for layer, head in heads])
     std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
     weights = median_filter((weights - mean) / std.clamp_min(1e-10), MEDIAN_WIDTH)
     # Rows: the input <|notimestamps|> (which predicts the first text token) .. the last text token.
