@@ -17,9 +17,10 @@
 #                                     # 3 rounds (one round took 42 s on an H200; its first round holds the captures)
 #   bash bench/gpu_check.sh gil       # gil_probe: a decode beside a thread spinning in Python, switch interval 0.1-5 ms;
 #                                     # then serve_bench at N = 32 and 64 API requests, interval 5 then 0.5 ms
+#   bash bench/gpu_check.sh host      # alignment_bench (cuda) and features_bench: a live batch's host work
 #   bash bench/gpu_check.sh stream    # stream_bench: one stream's latency and WER, off / exact, on 4 test clips
 #   bash bench/gpu_check.sh eval      # asr-eval Table 1 (baseline / exact / sigmoid, T = 1) on the test clips
-#   bash bench/gpu_check.sh all       # all twelve, in that order
+#   bash bench/gpu_check.sh all       # all thirteen, in that order
 #   bash bench/gpu_check.sh tests large tiny    # several stages in one call
 #
 # Measured on an H200 (2026-11-26): tests 160 s, large 80 s, tiny 52 s, batch 133 s, profile 38 s, so
@@ -147,6 +148,14 @@ run_gil() {  # how much the interpreter lock makes the decoder wait, alone and i
     done
 }
 
+run_host() {  # the host work of a batch of live rows: word timing row by row vs batched, features (2026-11-28)
+    real_models || { echo "== host: skipped, no real pair at $MODELS" | tee -a "$SUMMARY"; return; }
+    stage host_alignment 180 python3 bench/alignment_bench.py --models "$MODELS" --device cuda --threads 4 \
+        --out "$RESULTS/alignment_bench.json"
+    stage host_features 120 python3 bench/features_bench.py --models "$MODELS" --threads 4 \
+        --out "$RESULTS/features_bench.json"
+}
+
 run_stream() {  # the streaming pipeline alone on the GPU, paced in real time (4 clips, about 40 s of speech)
     real_models || { echo "== stream: skipped, no real pair at $MODELS" | tee -a "$SUMMARY"; return; }
     local libri=tests/data/audio/librispeech/LibriSpeech/test-clean/1089
@@ -178,11 +187,12 @@ for what in "${@:-all}"; do
         prompt) run_prompt ;;
         layers) run_layers ;;
         gil) run_gil ;;
+        host) run_host ;;
         stream) run_stream ;;
         eval) run_eval ;;
-        all) run_tests; run_large; run_profile; run_tiny; run_batch; run_serve; run_serve_engines; run_prompt; run_layers; run_gil; run_stream
+        all) run_tests; run_large; run_profile; run_tiny; run_batch; run_serve; run_serve_engines; run_prompt; run_layers; run_gil; run_host; run_stream
              run_eval ;;
-        *) echo "usage: bash bench/gpu_check.sh [tests|large|profile|tiny|batch|serve|serve_engines|prompt|layers|gil|stream|eval|all]..." >&2
+        *) echo "usage: bash bench/gpu_check.sh [tests|large|profile|tiny|batch|serve|serve_engines|prompt|layers|gil|host|stream|eval|all]..." >&2
            exit 2 ;;
     esac
 done

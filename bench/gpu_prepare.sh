@@ -54,12 +54,12 @@ for p in "${parts[@]}"; do
         echo "  $i. carry [\".gpu/$p\"], command:  cp .gpu/$p/* /root/stash/"
     else
         echo "  $i. carry [\".gpu/$p\"], command:"
-        echo "     cp .gpu/$p/* /root/stash/ && bash bench/gpu_join.sh && bash bench/gpu_check.sh tests gil"
+        echo "     cp .gpu/$p/* /root/stash/ && bash bench/gpu_join.sh && bash bench/gpu_check.sh tests host"
     fi
     i=$((i + 1))
 done
 cat <<CALLS
-  then, no carry: bash bench/gpu_check.sh serve | layers | gil | serve_engines | large tiny | batch profile | stream eval
+  then, no carry: bash bench/gpu_check.sh serve | gil | layers | serve_engines | large tiny | batch profile | stream eval
 What comes back: \$OUT/gpu_check.tgz (every call's logs and results so far) and summary.txt; here,
 tar xzf it and copy its results/* into bench/results/.
 CALLS
