@@ -117,7 +117,9 @@ class Scheduler:
         self._closed = False
         self._metrics = SchedulerMetrics()
         self._untrimmed = False   # work was done since memory was last given back
-        self._file_arrivals: deque[tuple[float, str, Future]] = deque(maxlen=2)   # the last two file requests
+        # the last two file requests: when each came, and whether the one before it was still waiting then
+        self._file_arrivals: deque[tuple[float, bool]] = deque(maxlen=2)
+        self._last_file: Future | None = None
         self._latencies = RecentLatencies(options.latency_window, PRIORITY_NAMES.values())
         self._worker = threading.Thread(target=self._run, name="asr-scheduler", daemon=True)
         self._worker.start()
@@ -141,7 +143,9 @@ class Scheduler:
             self._queue.append(_Request(clip, options, prompt, hint, priority, session, future, key,
                                         order=next(self._order)))
             if priority == FILE:
-                self._file_arrivals.append((time.monotonic(), session, future))
+                overlapped = self._last_file is not None and not self._last_file.done()
+                self._file_arrivals.append((time.monotonic(), overlapped))
+                self._last_file = future
             self._cond.notify_all()
         return future
 
@@ -277,7 +281,7 @@ class Scheduler:
 
     def _gather(self) -> None:
         """Called under the lock. File rows are still arriving (two came within `gather_s`, the later one within
-        `gather_s` of now, from two callers: not one file's windows sent one after another) and fewer are
+        `gather_s` of now and while the earlier still waited: not one caller's requests in turn) and fewer are
         ready than batching has paid for on this device: wait up to `gather_s` for more. The worker idles
         meanwhile, which leaves the CPU to the threads still reading those uploads; a lone request, live
         rows, and a device where batching does not pay never wait."""
@@ -300,11 +304,12 @@ class Scheduler:
         """Until when file rows count as still arriving (see `_gather`); 0 when they do not."""
         if len(self._file_arrivals) < 2:
             return 0.0
-        (first, first_session, earlier), (last, last_session, _) = self._file_arrivals
-        # Two callers: two sessions named, or the first request not yet decoded when the second came (a caller
-        # that sends its windows in turn waits for each); one file's windows in turn never gather.
-        callers = (first_session != last_session and first_session and last_session) or not earlier.done()
-        return last + window if last - first <= window and callers else 0.0
+        (first, _), (last, overlapped) = self._file_arrivals
+        # Callers at once: the later request came while the one before it still waited for its result. A caller
+        # that sends its requests in turn (one file's windows, or an API client's requests, each its own
+        # session) waits for each, so its requests never overlap, however close together they come. And where
+        # requests come further apart than a decode takes, waiting for more would only idle the device.
+        return last + window if last - first <= window and overlapped else 0.0
 
     def _drop_cancelled(self) -> None:
         """Called under the lock: requests whose callers cancelled their futures leave the queue before a

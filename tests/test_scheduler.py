@@ -141,8 +141,11 @@ class Recording:
     def batch_key(self, options, prompt):
         return self.decoder.batch_key(options, prompt)
 
+    delay_s = 0.0   # added to every decode: a device slower than the requests' arrivals
+
     def decode(self, clips, options=None, prompts=None, hints=None):
         self.batches.append([self.sessions[id(c)] for c in clips])
+        time.sleep(self.delay_s)
         return self.decoder.decode(clips, options, prompts=prompts, hints=hints)
 
 
@@ -480,11 +483,13 @@ def _batching_pays(scheduler: Scheduler, kind: str = "file exact") -> None:
 
 
 def test_file_rows_still_arriving_are_gathered_into_one_batch(decoder):
-    """Uploads arrive apart (each is read and checked first): where batching pays, once a second one came
-    soon after the first the worker waits up to gather_s for more instead of decoding each alone as it
-    comes; the first cannot know and goes alone. The texts stay each clip's own."""
+    """Uploads arrive apart (each is read and checked first), faster than they are decoded: where batching
+    pays, once a second one came soon after the first, while the first still waited, the worker waits up to
+    gather_s for more instead of decoding each alone as it comes; the first cannot know and goes alone. The
+    texts stay each clip's own."""
     scheduler = Scheduler(decoder, SchedulerOptions(max_rows=4, gather_s=3.0))
     recording = Recording(decoder)
+    recording.delay_s = 0.8   # each decode outlasts the 0.5 s between uploads
     scheduler.decoder = recording
     options = DecodingOptions(mode="exact")
     clips = [_clip(c)[: 3 * 16_000] for c in (*CLIPS, CLIPS[0], CLIPS[1])]
@@ -494,7 +499,7 @@ def test_file_rows_still_arriving_are_gathered_into_one_batch(decoder):
         for i, clip in enumerate(clips):
             recording.sessions[id(clip)] = f"upload-{i}"
             jobs.append(scheduler.submit(clip, options, session=f"upload-{i}"))
-            time.sleep(0.5)   # about a decode apart: without gathering, each would go alone
+            time.sleep(0.5)   # less than a decode apart: without gathering, each would go alone
         texts = [job.result(60).text for job in jobs]
         assert recording.batches == [["upload-0"], [f"upload-{i}" for i in range(1, 5)]]
         assert texts == [decoder.decode([clip], options)[0].text for clip in clips]
@@ -515,11 +520,13 @@ def test_file_rows_still_arriving_are_gathered_into_one_batch(decoder):
         scheduler.close()
 
 
-def test_a_lone_request_one_files_windows_and_a_device_where_batching_does_not_pay_never_wait(decoder):
-    """gather_s is 30 s here, and every result is awaited for at most 20 s: a wait would fail the test."""
+def test_a_lone_request_requests_in_turn_and_a_device_where_batching_does_not_pay_never_wait(decoder):
+    """gather_s is 30 s here, and every result is awaited for at most 20 s: a wait would fail the test. In
+    turn: one file's windows (one session), and an API client's requests one after the other (a session each,
+    as the server names them: close together, yet never overlapping)."""
     clip = _clip(CLIPS[0])[: 3 * 16_000]
     options = DecodingOptions(mode="exact")
-    for case in ("alone", "one file's windows in turn", "batching does not pay"):
+    for case in ("alone", "one file's windows in turn", "requests in turn", "batching does not pay"):
         scheduler = Scheduler(decoder, SchedulerOptions(max_rows=4, gather_s=30.0))
         try:
             if case == "batching does not pay":
@@ -531,8 +538,9 @@ def test_a_lone_request_one_files_windows_and_a_device_where_batching_does_not_p
                 first.result(20), second.result(20)
             else:
                 _batching_pays(scheduler)
-                for _ in range(1 if case == "alone" else 3):       # each window sent once the one before is done
-                    scheduler.submit(clip, options, session="one-file").result(20)
+                for k in range(1 if case == "alone" else 3):       # each sent once the one before is done
+                    session = f"request-{k}" if case == "requests in turn" else "one-file"
+                    scheduler.submit(clip, options, session=session).result(20)
             assert scheduler.metrics().gathers == 0, case
         finally:
             scheduler.close()
