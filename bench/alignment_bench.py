@@ -1,6 +1,7 @@
-"""What word timing costs a batch of live re-decodes: its rows aligned one by one (before 2026-11-28: a pass of
-the target and a time warp per row) against all at once (`alignment.add_batch_word_timestamps`: one pass, one
-warp of every row's matrix). Both must give the same words; the bench checks it.
+"""What word timing costs a batch of live re-decodes: its rows aligned one by one (a pass of the target and a time
+warp per row, what the decoder did before 2026-11-28, here through the same functions given one row at a time)
+against all at once (`alignment.add_batch_word_timestamps`: one pass, one warp of every row's matrix). On a CPU
+the words must be the same (checked); on a GPU rows whose words differ are counted.
 
 Word timing runs on the scheduler's worker thread after every batch of live rows; the time warp is host work
 even where the model is on a GPU, so there it is part of every re-decode's serial cost (docs/serving.md,
@@ -75,7 +76,11 @@ def measure(decoder, batch: int, repeats: int, device: str) -> dict:
                                       tokenizer, False, cross)
         return segment_lists
 
-    if words_of(one_by_one()) != words_of(together()):
+    alone, batched = words_of(one_by_one()), words_of(together())
+    differing = sum(a != b for a, b in zip(alone, batched))
+    # On a CPU in fp32 the words are the same (tests/test_word_timestamps.py); on a GPU a batch's fp16 products
+    # may round otherwise than a row's alone: counted, not fatal, so a scarce GPU run keeps its timings.
+    if differing and device != "cuda":
         raise AssertionError(f"the batch's words differ from its rows' alone at {batch} rows")
     timings = {}
     for name, fn in (("one_by_one", one_by_one), ("together", together)):
@@ -91,17 +96,18 @@ def measure(decoder, batch: int, repeats: int, device: str) -> dict:
         timings[name] = 1000 * statistics.median(times)
     tokens = sum(len(t) for r in results for s in r.segments for t in [s.tokens])
     return {"rows": batch, "tokens": tokens, "one_by_one_ms": timings["one_by_one"], "together_ms": timings["together"],
-            "ratio": timings["together"] / timings["one_by_one"], "equal": True}
+            "ratio": timings["together"] / timings["one_by_one"], "rows_with_other_words": differing}
 
 
 def table(report: dict) -> str:
     lines = [f"Word timing of a batch of live buffers (real speech, 3-8 s), tiny.en, {report['threads']} torch "
-             f"thread(s), {report['device']}; medians of {report['repeats']}; the same words both ways in every row",
-             "", "| rows | text tokens | one by one ms | together ms | ms per row together | together / one by one |",
-             "|---|---|---|---|---|---|"]
+             f"thread(s), {report['device']}; medians of {report['repeats']}; rows one by one through the same "
+             "functions, one row per call", "",
+             "| rows | text tokens | one by one ms | together ms | ms per row together | together / one by one | "
+             "rows whose words differ |", "|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         lines.append(f"| {r['rows']} | {r['tokens']} | {r['one_by_one_ms']:.1f} | {r['together_ms']:.1f} | "
-                     f"{r['together_ms'] / r['rows']:.1f} | {r['ratio']:.2f}x |")
+                     f"{r['together_ms'] / r['rows']:.1f} | {r['ratio']:.2f}x | {r.get('rows_with_other_words', 0)} |")
     return "\n".join(lines)
 
 

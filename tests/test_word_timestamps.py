@@ -248,9 +248,47 @@ def test_words_reuse_the_decodes_cross_attention_and_match_each_row_alone(decode
                         lambda self, hidden, ids, *a: (passes.append(ids.shape[0]), pass_(self, hidden, ids, *a))[1])
     together = [[(w.word, w.start, w.end) for w in words_of(r)] for r in decoder.decode(clips, opts)]
     assert together == alone and all(alone)
-    assert len({len(words) for words in alone}) == len(alone)   # token counts differ: padded rows in the pass
+    assert len({len(words) for words in alone}) == len(alone)   # word counts differ: rows padded in the pass
     assert len(loads) == 2   # the target's and the draft's for the batch; none for the alignments
     assert passes == [4]     # one pass for the four rows
+
+
+def test_a_batch_mixing_rows_with_and_without_text_and_sliced_by_the_memory_bound(decoder, monkeypatch):
+    # align_batch straight: a row without text among rows with it gets no words and leaves theirs as alone;
+    # with the bound on the attention probabilities kept (PROBE_BUDGET_BYTES) made tiny, the rows go one
+    # pass each (slices of the batch), with the same words.
+    import torch
+
+    from asr_app.decoding import alignment
+    from asr_app.decoding.alignment import AlignmentInput, align_batch, align_words
+    from asr_app.runtime.decoder import DecoderRuntime
+
+    clips = [load_audio(JFK_FLAC)[: 5 * 16_000], load_audio(CLIPS["1089-134686-0000"])]
+    results = decoder.decode(clips)
+    windows = [c.size / 16_000 for c in clips]
+    from asr_app.decoding.prompt import build_prompt
+    options = decoder.options
+    sot = decoder._alignment_sot(build_prompt(decoder.generation_config, decoder.tokenizer, language=options.language,
+                                              task=options.task, timestamps=options.timestamps, previous_text=None,
+                                              max_target_positions=decoder.max_positions))
+    texts = [[t for seg in r.segments for t in seg.tokens] for r in results]
+    items = [AlignmentInput(sot, texts[0], decoder.eos, windows[0]), AlignmentInput(sot, [], decoder.eos, 2.0),
+             AlignmentInput(sot, texts[1], decoder.eos, windows[1])]
+    with torch.inference_mode():
+        feats = decoder._features([clips[0], clips[0][:32_000], clips[1]], decoder.options, [windows[0], 2.0, windows[1]])
+        hidden = decoder.target.get_encoder()(feats).last_hidden_state
+        args = (decoder.alignment_heads, decoder.tokenizer, False)
+        alone = [align_words(decoder.target_runtime, hidden[r : r + 1], items[r], *args) for r in range(3)]
+        passes = []
+        pass_ = DecoderRuntime.cross_attention
+        monkeypatch.setattr(DecoderRuntime, "cross_attention",
+                            lambda self, h, ids, *a: (passes.append(ids.shape[0]), pass_(self, h, ids, *a))[1])
+        together = align_batch(decoder.target_runtime, hidden, items, *args)
+        monkeypatch.setattr(alignment, "PROBE_BUDGET_BYTES", 1)
+        sliced = align_batch(decoder.target_runtime, hidden, items, *args)
+    key = lambda rows: [[(w.word, w.start, w.end) for w in words] for words in rows]  # noqa: E731
+    assert key(together) == key(alone) == key(sliced) and alone[0] and alone[2] and alone[1] == []
+    assert passes == [3, 1, 1]   # the batch in one pass, then row by row (the row without text has none)
 
 
 def test_rows_without_text_get_no_words_and_no_pass():

@@ -26,6 +26,9 @@ from asr_app.decoding.options import Segment, Word
 
 FRAMES_PER_SECOND = 50      # encoder frames: 1500 per 30 s window
 MEDIAN_WIDTH = 7            # openai/whisper's median filter width, in frames
+# The most one alignment pass keeps of its attention probabilities (fp32, every head of each probed layer, the
+# batch's longest row): large-v3's 10 probed layers of 20 heads hold about 180 MB a row at 150 tokens.
+PROBE_BUDGET_BYTES = 512 * 2**20
 PREPENDED = "\"'“¿([{-"     # punctuation that joins the following word
 APPENDED = "\"'.。,，!！?？:：”)]}、"  # punctuation that joins the previous word
 CLAUSE_END = (".", "。", "!", "！", "?", "？", ",", "，")  # a word ending so may be followed by a pause
@@ -52,7 +55,7 @@ def add_word_timestamps(segments: list[Segment], runtime, encoder_hidden: torch.
                         probabilities: bool = True, cross: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Fill `segment.words` of one decoded window (times relative to the window's start). `cross`: the
     window's cross-attention K/V from the decode, reused (`DecoderRuntime.cross_attention`)."""
-    add_batch_word_timestamps([segments], runtime, encoder_hidden, [sot_sequence], eos, [window_s], heads,
+    add_batch_word_timestamps([segments], runtime, encoder_hidden[:1], [sot_sequence], eos, [window_s], heads,
                               tokenizer, probabilities, cross)
 
 
@@ -62,8 +65,8 @@ def add_batch_word_timestamps(segment_lists: Sequence[list[Segment]], runtime, e
                               cross: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """`add_word_timestamps` for the rows of one decoded batch at once (row r: `segment_lists[r]`,
     `encoder_hidden[r]`, `cross[:, r]`): one pass of the target over every row's tokens and one time warp
-    for them all, where row by row each row paid both (docs/serving.md, "Word timing batched"). The same
-    words as each row alone (tested)."""
+    for them all, where row by row each row paid both (docs/serving.md, "Host work per batch"). On a CPU in
+    fp32 the same words as each row alone (tested); on a GPU the batch's products may round differently."""
     items = [AlignmentInput(list(sot), [t for segment in segments for t in segment.tokens], eos, window)
              for segments, sot, window in zip(segment_lists, sot_sequences, windows_s)]
     words = align_batch(runtime, encoder_hidden, items, heads, tokenizer, probabilities, cross)
@@ -86,13 +89,20 @@ def align_batch(runtime, encoder_hidden: torch.Tensor, items: Sequence[Alignment
     """`align_words` of every row of a batch (row r: `items[r]` over `encoder_hidden[r]`). The rows' token
     sequences, padded at their ends, go through the target in one pass: its self-attention is causal, so a
     row's padding changes none of its own positions. Every row goes through it, those without text too (a
-    pass over all rows reads the batch's cross K/V in place; picking rows would copy them)."""
+    pass over all rows reads the batch's cross K/V in place; picking rows would copy them). A batch whose
+    attention probabilities would outgrow `PROBE_BUDGET_BYTES` goes in slices of rows (views, no copies)."""
+    if not any(item.text_tokens for item in items):
+        return [[] for _ in items]
+    longest = max(len(item.sot_sequence) + len(item.text_tokens) + 1 for item in items)
+    per_row = 4 * len({layer for layer, _ in heads}) * runtime.weights.heads * longest * encoder_hidden.shape[1]
+    step = max(1, PROBE_BUDGET_BYTES // per_row)
+    if len(items) > step:
+        return [words for at in range(0, len(items), step) for words in align_batch(
+            runtime, encoder_hidden[at : at + step], items[at : at + step], heads, tokenizer, probabilities,
+            (cross[0][:, at : at + step], cross[1][:, at : at + step]) if cross is not None else None)]
     words: list[list[Word]] = [[] for _ in items]
     rows = [r for r, item in enumerate(items) if item.text_tokens]
-    if not rows:
-        return words
     ids = [[*item.sot_sequence, *item.text_tokens, item.eos] for item in items]
-    longest = max(len(i) for i in ids)
     padded = torch.tensor([i + [item.eos] * (longest - len(i)) for item, i in zip(items, ids)],
                           device=encoder_hidden.device)
     hidden, attention = runtime.cross_attention(encoder_hidden, padded, {layer for layer, _ in heads}, cross)

@@ -143,8 +143,8 @@ def cyclic_gc_paused() -> Iterator[None]:
     Why, around a CUDA-graph capture: a collection can run at any allocation, and a dead cycle may hold an old
     decoder's graphs, their memory pool and its tensors. Freeing those inside a capture makes CUDA calls the
     capture forbids, which invalidates it without an error there and fails the next launch with "operation
-    failed due to a previous error during capture" (the cause of one GPU test failure; bench/capture_gc_probe.py
-    reproduced it on an H200). PyTorch no longer collects before a capture
+    failed due to a previous error during capture" (bench/capture_gc_probe.py showed that on an H200; an
+    automatic collection doing so is the inferred cause of one GPU test failure). PyTorch no longer collects before a capture
     (`torch.compiler.config.force_cudagraph_gc`), so that would depend on when the collector happens to run.
     Paused, the garbage waits for the next collection after the capture. An explicit gc.collect() is not
     held off; the only one here (the scheduler's idle trim) runs on its worker thread between batches."""
