@@ -16,7 +16,7 @@
 #   bash bench/gpu_check.sh layers    # api_layers: 64 requests through decoder, transcribe, scheduler and HTTP in turn,
 #                                     # 3 rounds (one round took 42 s on an H200; its first round holds the captures)
 #   bash bench/gpu_check.sh gil       # gil_probe: a decode beside a thread spinning in Python, switch interval 0.1-5 ms;
-#                                     # then serve_bench at N = 32 and 64 API requests, interval 5 then 0.5 ms
+#                                     # then serve_bench at N = 32 and 64 API requests, interval 0.5 then 5 ms
 #   bash bench/gpu_check.sh host      # alignment_bench (cuda) and features_bench: a live batch's host work
 #   bash bench/gpu_check.sh stream    # stream_bench: one stream's latency and WER, off / exact, on 4 test clips
 #   bash bench/gpu_check.sh eval      # asr-eval Table 1 (baseline / exact / sigmoid, T = 1) on the test clips
@@ -142,7 +142,9 @@ run_gil() {  # how much the interpreter lock makes the decoder wait, alone and i
     stage gil 120 python3 bench/gil_probe.py --models "$MODELS" --device cuda --threads 4 --busy 1 \
         --intervals-ms 0.1 0.5 5 --out "$RESULTS/gil_probe.json"
     local ms
-    for ms in 5 0.5; do   # one pair (a device call runs at most 10 minutes): read it beside the serve stage's run
+    # one pair (a device call runs at most 10 minutes), read beside the serve stage's run; 0.5 ms first: on the
+    # H200 of 2026-11-28 the device time ran out before it, after the 5 ms run
+    for ms in 0.5 5; do
         stage "serve_switch$ms" 150 python3 bench/serve_bench.py "${SERVE_ARGS[@]}" --streams 32 --engines scheduler \
             --api-requests 64 --switch-interval-ms "$ms" --out "$RESULTS/serve_bench_switch${ms}_$(date +%H%M%S).json"
     done
