@@ -271,14 +271,17 @@ def bench_streams(decoder, streaming, counts: list[int], engines: list[str], con
               flush=True)
         rows = {}
         for n in counts:
-            before = engine.scheduler.metrics()
+            before, started = engine.scheduler.metrics(), time.monotonic()
             results = run_streams(host, clips[:n])
+            after, wall = engine.scheduler.metrics(), time.monotonic() - started
             rows[n] = summarise(results, [t for _, t in clips[:n]], alone_wer[:n], offline_wer[:n])
-            rows[n]["graphs"] = graph_figures(engine.scheduler.metrics(), before)   # made while N streamed
+            rows[n]["graphs"] = graph_figures(after, before)   # made while N streamed
+            rows[n]["worker"] = worker_figures(after, before, wall)
             rows[n]["texts"] = [r["text"] for r in results]   # what a WER jump lost, to read afterwards
             print(f"{name:18s} N={n}: p50 {rows[n]['p50_s']:.2f} s, p90 {rows[n]['p90_s']:.2f} s, "
                   f"max {rows[n]['max_s']:.2f} s, WER-alone max {rows[n]['wer_minus_alone_max']:+.3f}, "
-                  f"WER-offline max {rows[n]['wer_minus_offline_max']:+.3f}", flush=True)
+                  f"WER-offline max {rows[n]['wer_minus_offline_max']:+.3f}; {worker_line(rows[n]['worker'])}",
+                  flush=True)
         metrics = engine.scheduler.metrics()
         report[name] = {"alone_wer": alone_wer, "alone": alone_lat, "streams": rows,
                         "alone_texts": [r["text"] for r in alone[:distinct]],
@@ -297,6 +300,25 @@ def batch_samples(samples) -> dict:
     from asr_app.scheduler_metrics import summarise_samples
 
     return {"sample_summary": summarise_samples(samples), "batch_samples": [dataclasses.asdict(s) for s in samples]}
+
+
+def worker_figures(after, before, wall_s: float) -> dict:
+    """What the scheduler's worker did while N streamed (scheduler metrics before and after): the share of the
+    time it was decoding (near 1: the worker is the bottleneck, and latency is queueing behind it; well below:
+    the time goes elsewhere), its batches and rows, and the live re-decodes' seconds from asking to answer
+    (queue and decode; the most recent ones, as many as the metrics keep)."""
+    asked = after.latency_count.get("live", 0) - before.latency_count.get("live", 0)
+    recent = sorted(after.latencies.get("live", [])[-asked:]) if asked > 0 else []
+    return {"wall_s": wall_s, "busy_share": (after.busy_s - before.busy_s) / wall_s if wall_s > 0 else None,
+            "batches": after.batches - before.batches, "rows": after.rows - before.rows, "live_redecodes": asked,
+            "redecode_p50_s": _q(recent, 0.5), "redecode_p90_s": _q(recent, 0.9)}
+
+
+def worker_line(worker: dict) -> str:
+    share, p50, p90 = worker["busy_share"], worker["redecode_p50_s"], worker["redecode_p90_s"]
+    return (f"worker busy {share:.0%}, {worker['rows']} rows in {worker['batches']} batches, re-decodes asked to "
+            f"answered p50 {p50:.2f} s, p90 {p90:.2f} s" if share is not None and p50 is not None
+            else "worker: no re-decodes")
 
 
 def graph_figures(after, before=None) -> dict:
@@ -448,6 +470,11 @@ def streams_table(report: dict) -> str:
                          + (f" {100 * row['wer_minus_offline_max']:+.1f} |" if offline[0] else ""))
     lines += [f"\n{engine}: {captured(streams[engine].get('graphs'))[2:]}" for engine in engines
               if captured(streams[engine].get("graphs"))]
+    worker = [f"{engine} N = {n}: {worker_line(row['worker'])}" for engine in engines
+              for n, row in ((n, streams[engine]["streams"].get(str(n)) or streams[engine]["streams"].get(n))
+                             for n in counts) if row and row.get("worker") and row["worker"]["live_redecodes"]]
+    if worker:
+        lines += ["", "While the streams ran (the scheduler's metrics):", *(f"- {line}" for line in worker)]
     if report.get("api"):
         lines += ["", api_line(report["api"])]
     return "\n".join(lines)
