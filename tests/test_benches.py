@@ -233,6 +233,26 @@ def test_serve_bench_tables_say_what_graphs_cost_and_which_answers_differed(monk
     assert bench.graph_figures(after)["captures"] == 16
 
 
+def test_serve_bench_says_how_busy_the_worker_was_while_the_streams_ran(monkeypatch):
+    # Per N: the share of the wall time the worker decoded, its batches and rows, and the live re-decodes asked
+    # meanwhile (only those: the metrics' window also holds earlier ones), under the table; none for the lock.
+    bench = import_bench(monkeypatch, "serve_bench.py")
+    from asr_app.scheduler_metrics import SchedulerMetrics
+    before = SchedulerMetrics(batches=5, rows=6, busy_s=2.0, latency_count={"live": 3, "file": 0})
+    after = SchedulerMetrics(batches=9, rows=12, busy_s=6.5, latency_count={"live": 9, "file": 0},
+                             latencies={"live": [9.0, 9.0, 9.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6], "file": []})
+    worker = bench.worker_figures(after, before, 5.0)
+    assert worker == {"wall_s": 5.0, "busy_share": 0.9, "batches": 4, "rows": 6, "live_redecodes": 6,
+                      "redecode_p50_s": 0.4, "redecode_p90_s": 0.6}
+    assert bench.worker_line(worker) == ("worker busy 90%, 6 rows in 4 batches, re-decodes asked to answered "
+                                         "p50 0.40 s, p90 0.60 s")
+    assert bench.worker_line(bench.worker_figures(SchedulerMetrics(), SchedulerMetrics(), 5.0)) == \
+        "worker: no re-decodes"
+    run = BENCH / "results/intel-r-xeon-r-processor-family-6-model-207/2026-11-28/serve_bench_worker.json"
+    table = bench.streams_table(json.loads(run.read_text()))
+    assert table == run.with_suffix(".md").read_text().rstrip("\n") and "N = 8: worker busy 96%" in table
+
+
 def test_serve_bench_joins_clips_into_long_sessions(monkeypatch, capsys):
     """--stream-seconds: consecutive clips joined with 0.5 s of silence until each stream is long enough, their
     transcripts joined in order; the table says so."""
