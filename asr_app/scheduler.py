@@ -30,6 +30,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
@@ -119,7 +120,7 @@ class Scheduler:
         self._untrimmed = False   # work was done since memory was last given back
         # the last two file requests: when each came, and whether the one before it was still waiting then
         self._file_arrivals: deque[tuple[float, bool]] = deque(maxlen=2)
-        self._last_file: Future | None = None
+        self._last_file: weakref.ref[Future] | None = None   # weak: a result and its traceback are the caller's
         self._latencies = RecentLatencies(options.latency_window, PRIORITY_NAMES.values())
         self._worker = threading.Thread(target=self._run, name="asr-scheduler", daemon=True)
         self._worker.start()
@@ -143,9 +144,10 @@ class Scheduler:
             self._queue.append(_Request(clip, options, prompt, hint, priority, session, future, key,
                                         order=next(self._order)))
             if priority == FILE:
-                overlapped = self._last_file is not None and not self._last_file.done()
+                earlier = self._last_file() if self._last_file is not None else None
+                overlapped = earlier is not None and not earlier.done()   # a future nobody holds was done with
                 self._file_arrivals.append((time.monotonic(), overlapped))
-                self._last_file = future
+                self._last_file = weakref.ref(future)
             self._cond.notify_all()
         return future
 
@@ -306,8 +308,9 @@ class Scheduler:
             return 0.0
         (first, _), (last, overlapped) = self._file_arrivals
         # Callers at once: the later request came while the one before it still waited for its result. A caller
-        # that sends its requests in turn (one file's windows, or an API client's requests, each its own
-        # session) waits for each, so its requests never overlap, however close together they come. And where
+        # that sends its requests in turn, each once the one before is answered (one file's windows, or an API
+        # client's requests, each its own session), never overlaps itself, however close together they come
+        # (a cancelled request counts as answered). Several clips in one call do overlap. And where
         # requests come further apart than a decode takes, waiting for more would only idle the device.
         return last + window if last - first <= window and overlapped else 0.0
 

@@ -489,7 +489,7 @@ def test_file_rows_still_arriving_are_gathered_into_one_batch(decoder):
     texts stay each clip's own."""
     scheduler = Scheduler(decoder, SchedulerOptions(max_rows=4, gather_s=3.0))
     recording = Recording(decoder)
-    recording.delay_s = 0.8   # each decode outlasts the 0.5 s between uploads
+    recording.delay_s = 1.2   # each decode outlasts the 0.5 s between uploads
     scheduler.decoder = recording
     options = DecodingOptions(mode="exact")
     clips = [_clip(c)[: 3 * 16_000] for c in (*CLIPS, CLIPS[0], CLIPS[1])]
@@ -499,6 +499,7 @@ def test_file_rows_still_arriving_are_gathered_into_one_batch(decoder):
         for i, clip in enumerate(clips):
             recording.sessions[id(clip)] = f"upload-{i}"
             jobs.append(scheduler.submit(clip, options, session=f"upload-{i}"))
+            assert i != 1 or not jobs[0].done(), "the first upload was decoded before the second came: no overlap"
             time.sleep(0.5)   # less than a decode apart: without gathering, each would go alone
         texts = [job.result(60).text for job in jobs]
         assert recording.batches == [["upload-0"], [f"upload-{i}" for i in range(1, 5)]]
