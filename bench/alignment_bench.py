@@ -17,13 +17,11 @@ import argparse
 import copy
 import dataclasses
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
-from features_bench import speech
+from features_bench import median_ms, speech
 from report_io import device_name, result_path, save_results
 from serve_bench import SHARED, tiny_pair_decoder
 
@@ -53,26 +51,21 @@ def measure(decoder, batch: int, repeats: int, device: str) -> dict:
         hidden = decoder.target.get_encoder()(feats).last_hidden_state
         state = runtime.new_state(hidden, positions=1)
     cross = (state.cross_k, state.cross_v)
-    from asr_app.decoding.prompt import build_prompt
-    sot = decoder._alignment_sot(build_prompt(decoder.generation_config, tokenizer=decoder.tokenizer,
-                                              language=options.language, task=options.task,
-                                              timestamps=options.timestamps, previous_text=None,
-                                              max_target_positions=decoder.max_positions))
-    common = (decoder.eos,)
-    heads, tokenizer = decoder.alignment_heads, decoder.tokenizer
+    sot = decoder._alignment_sot(decoder.prompt_for(options))
+    eos, heads, tokenizer = decoder.eos, decoder.alignment_heads, decoder.tokenizer
 
     def one_by_one():
         segment_lists = [copy.deepcopy(r.segments) for r in results]
         with torch.inference_mode():
             for r, segments in enumerate(segment_lists):
-                add_word_timestamps(segments, runtime, hidden[r : r + 1], sot, *common, windows[r], heads, tokenizer,
+                add_word_timestamps(segments, runtime, hidden[r : r + 1], sot, eos, windows[r], heads, tokenizer,
                                     False, (cross[0][:, r : r + 1], cross[1][:, r : r + 1]))
         return segment_lists
 
     def together():
         segment_lists = [copy.deepcopy(r.segments) for r in results]
         with torch.inference_mode():
-            add_batch_word_timestamps(segment_lists, runtime, hidden, [sot] * batch, *common, windows, heads,
+            add_batch_word_timestamps(segment_lists, runtime, hidden, [sot] * batch, eos, windows, heads,
                                       tokenizer, False, cross)
         return segment_lists
 
@@ -82,19 +75,9 @@ def measure(decoder, batch: int, repeats: int, device: str) -> dict:
     # may round otherwise than a row's alone: counted, not fatal, so a scarce GPU run keeps its timings.
     if differing and not device.startswith("cuda"):
         raise AssertionError(f"the batch's words differ from its rows' alone at {batch} rows")
-    timings = {}
-    for name, fn in (("one_by_one", one_by_one), ("together", together)):
-        times = []
-        for _ in range(repeats):
-            if device == "cuda":
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            fn()
-            if device == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - started)
-        timings[name] = 1000 * statistics.median(times)
-    tokens = sum(len(t) for r in results for s in r.segments for t in [s.tokens])
+    sync = torch.cuda.synchronize if device.startswith("cuda") else None
+    timings = {name: median_ms(fn, repeats, sync) for name, fn in (("one_by_one", one_by_one), ("together", together))}
+    tokens = sum(len(s.tokens) for r in results for s in r.segments)
     return {"rows": batch, "tokens": tokens, "one_by_one_ms": timings["one_by_one"], "together_ms": timings["together"],
             "ratio": timings["together"] / timings["one_by_one"], "rows_with_other_words": differing}
 

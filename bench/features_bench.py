@@ -35,12 +35,18 @@ def speech(seconds: float) -> np.ndarray:
     return np.resize(audio, samples).astype(np.float32)
 
 
-def median_ms(fn, repeats: int) -> float:
+def median_ms(fn, repeats: int, sync=None) -> float:
+    """Median milliseconds of `repeats` calls of fn after one warm-up; `sync` (torch.cuda.synchronize on a GPU)
+    before and after each, so queued device work is timed with its call."""
     fn()   # warm-up
     times = []
     for _ in range(repeats):
+        if sync is not None:
+            sync()
         started = time.perf_counter()
         fn()
+        if sync is not None:
+            sync()
         times.append(time.perf_counter() - started)
     return 1000 * statistics.median(times)
 

@@ -266,11 +266,7 @@ def test_a_batch_mixing_rows_with_and_without_text_and_sliced_by_the_memory_boun
     clips = [load_audio(JFK_FLAC)[: 5 * 16_000], load_audio(CLIPS["1089-134686-0000"])]
     results = decoder.decode(clips)
     windows = [c.size / 16_000 for c in clips]
-    from asr_app.decoding.prompt import build_prompt
-    options = decoder.options
-    sot = decoder._alignment_sot(build_prompt(decoder.generation_config, decoder.tokenizer, language=options.language,
-                                              task=options.task, timestamps=options.timestamps, previous_text=None,
-                                              max_target_positions=decoder.max_positions))
+    sot = decoder._alignment_sot(decoder.prompt_for(decoder.options))
     texts = [[t for seg in r.segments for t in seg.tokens] for r in results]
     items = [AlignmentInput(sot, texts[0], decoder.eos, windows[0]), AlignmentInput(sot, [], decoder.eos, 2.0),
              AlignmentInput(sot, texts[1], decoder.eos, windows[1])]

@@ -93,8 +93,9 @@ def align_batch(runtime, encoder_hidden: torch.Tensor, items: Sequence[Alignment
     attention probabilities would outgrow `PROBE_BUDGET_BYTES` goes in slices of rows (views, no copies)."""
     if not any(item.text_tokens for item in items):
         return [[] for _ in items]
+    layers = {layer for layer, _ in heads}
     longest = max(len(item.sot_sequence) + len(item.text_tokens) + 1 for item in items)
-    per_row = 4 * len({layer for layer, _ in heads}) * runtime.weights.heads * longest * encoder_hidden.shape[1]
+    per_row = 4 * len(layers) * runtime.weights.heads * longest * encoder_hidden.shape[1]
     step = max(1, PROBE_BUDGET_BYTES // per_row)
     if len(items) > step:
         return [words for at in range(0, len(items), step) for words in align_batch(
@@ -105,7 +106,7 @@ def align_batch(runtime, encoder_hidden: torch.Tensor, items: Sequence[Alignment
     ids = [[*item.sot_sequence, *item.text_tokens, item.eos] for item in items]
     padded = torch.tensor([i + [item.eos] * (longest - len(i)) for item, i in zip(items, ids)],
                           device=encoder_hidden.device)
-    hidden, attention = runtime.cross_attention(encoder_hidden, padded, {layer for layer, _ in heads}, cross)
+    hidden, attention = runtime.cross_attention(encoder_hidden, padded, layers, cross)
     matrices = [_alignment_matrix(attention, heads, r, items[r], encoder_hidden.shape[1]) for r in rows]
     # one copy to the host for every row (a GPU waits once, not once per row)
     on_host = torch.cat([m.double().reshape(-1) for m in matrices]).cpu().numpy()

@@ -168,11 +168,14 @@ class SpeculativeDecoder:
     def batch_key(self, options: DecodingOptions | None, prompt: str | Sequence[int] | None) -> tuple[int, int]:
         """Rows whose keys (and options) are equal decode in one lock-step batch: their prompts have one length
         and the same start position. A scheduler groups requests by it (asr_app/scheduler.py)."""
-        opts = options or self.options
-        built = build_prompt(self.generation_config, self.tokenizer, language=opts.language, task=opts.task,
-                             timestamps=opts.timestamps, previous_text=prompt,
-                             max_target_positions=self.max_positions)
+        built = self.prompt_for(options or self.options, prompt)
         return len(built.tokens), built.sot_index
+
+    def prompt_for(self, opts: DecodingOptions, previous_text: str | Sequence[int] | None = None) -> Prompt:
+        """The decoder prompt of a window decoded with `opts` after `previous_text` (`prompt.build_prompt`)."""
+        return build_prompt(self.generation_config, self.tokenizer, language=opts.language, task=opts.task,
+                            timestamps=opts.timestamps, previous_text=previous_text,
+                            max_target_positions=self.max_positions)
 
     # ------------------------------------------------------------------ batching
     def _decode(self, feats, options, prompts, windows, hints=None, redo: bool = True) -> list[DecodingResult]:
@@ -189,9 +192,7 @@ class SpeculativeDecoder:
         if len(hints) != batch:
             raise ValueError(f"got {len(hints)} hints for {batch} clips")
         hints = [self._checked_hint(h, i) for i, h in enumerate(hints)]
-        built = [build_prompt(self.generation_config, self.tokenizer, language=opts.language, task=opts.task,
-                              timestamps=opts.timestamps, previous_text=p,
-                              max_target_positions=self.max_positions) for p in prompts]
+        built = [self.prompt_for(opts, p) for p in prompts]
         feats = feats.to(device=self.pair.device, dtype=self.pair.dtype)
         results: list[DecodingResult | None] = [None] * batch
         if opts.mode == "hf":
